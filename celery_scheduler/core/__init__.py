@@ -1,0 +1,1 @@
+"""Pure scheduling logic: no Django, no Celery, no I/O. Everything here is unit-testable."""

@@ -1,0 +1,53 @@
+"""Policy and state vocabularies shared by every layer (stored as these string values)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ScheduleKind(StrEnum):
+    CRON = "CRON"
+    INTERVAL = "INTERVAL"
+    ONE_OFF = "ONE_OFF"
+
+
+class ScheduleState(StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    CANCELED = "CANCELED"
+    COMPLETED = "COMPLETED"
+
+
+class MisfirePolicy(StrEnum):
+    """What to do with fire times found in the past after downtime."""
+
+    SKIP = "SKIP"  # late beyond max_lateness -> MISSED; within it -> fire
+    FIRE_ONCE = "FIRE_ONCE"  # fire only the latest missed one, mark the rest MISSED
+    CATCH_UP = "CATCH_UP"  # fire at most catchup_cap of them (the latest), mark the rest MISSED
+
+
+class OverlapPolicy(StrEnum):
+    ALLOW = "ALLOW"
+    SKIP_IF_RUNNING = "SKIP_IF_RUNNING"
+    QUEUE_ONE = "QUEUE_ONE"
+
+
+class OccurrenceState(StrEnum):
+    SCHEDULED = "SCHEDULED"
+    ENQUEUED = "ENQUEUED"
+    RUNNING = "RUNNING"
+    RETRY_WAIT = "RETRY_WAIT"
+    SUCCEEDED = "SUCCEEDED"
+    DEAD = "DEAD"
+    MISSED = "MISSED"
+    CANCELED = "CANCELED"
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+
+
+class AttemptOutcome(StrEnum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # permanent failure: occurrence went DEAD
+    RETRY = "RETRY"  # transient failure: a new attempt follows
+    LOST = "LOST"  # lease expired; a newer attempt took over
+    STALE = "STALE"  # schedule version changed or occurrence canceled before the body ran

@@ -1,0 +1,39 @@
+"""The occurrence state machine as a transition table.
+
+The table is the single source of truth: the ORM store turns each transition into a
+conditional UPDATE (``WHERE state IN allowed_sources``), so an illegal transition matches
+no row rather than relying on a Python check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from celery_scheduler.core.enums import OccurrenceState as S
+
+TRANSITIONS: Mapping[S, frozenset[S]] = {
+    # SCHEDULED -> RUNNING: a worker may receive the message before the relay has marked
+    # it sent (or the relay crashed in between); the claim must still succeed.
+    S.SCHEDULED: frozenset({S.ENQUEUED, S.RUNNING, S.CANCELED, S.MISSED, S.SKIPPED_OVERLAP}),
+    S.ENQUEUED: frozenset({S.RUNNING, S.CANCELED, S.SKIPPED_OVERLAP, S.ENQUEUED}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.RETRY_WAIT, S.DEAD, S.RUNNING, S.CANCELED}),
+    S.RETRY_WAIT: frozenset({S.ENQUEUED, S.RUNNING, S.CANCELED, S.DEAD}),
+    S.DEAD: frozenset({S.ENQUEUED}),  # manual replay keeps the occurrence id
+    S.SUCCEEDED: frozenset(),
+    S.MISSED: frozenset(),
+    S.CANCELED: frozenset(),
+    S.SKIPPED_OVERLAP: frozenset(),
+}
+
+TERMINAL: frozenset[S] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
+#: States in which an occurrence has not been claimed yet and may still be invalidated.
+UNCLAIMED: frozenset[S] = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
+
+
+def sources_of(target: S) -> frozenset[S]:
+    """Every state from which ``target`` may be entered."""
+    return frozenset(src for src, targets in TRANSITIONS.items() if target in targets)
+
+
+def can_transition(source: S, target: S) -> bool:
+    return target in TRANSITIONS[source]

@@ -1,0 +1,99 @@
+"""Every error this package raises derives from :class:`SchedulerError`.
+
+Messages name the bad value and how to fix it; database and broker errors are
+translated into these at the adapter edge so callers catch one hierarchy.
+"""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Root of every error raised by celery_scheduler and django_app."""
+
+
+class ValidationError(SchedulerError, ValueError):
+    """Input rejected before anything was written.
+
+    ``field`` names the offending argument so the admin form and the CLI can put
+    the message next to it.
+    """
+
+    field: str | None = None
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        if field is not None:
+            self.field = field
+
+
+class InvalidCronExpression(ValidationError):
+    field = "cron"
+
+
+class CronNeverFires(InvalidCronExpression):
+    """A syntactically valid expression with no fire time (e.g. ``0 0 30 2 *``)."""
+
+
+class UnknownTimeZone(ValidationError):
+    field = "timezone"
+
+
+class UnknownTask(ValidationError):
+    field = "task"
+
+
+class InvalidArguments(ValidationError):
+    """args/kwargs that are not a JSON list/object of JSON-serialisable values."""
+
+    field = "args"
+
+
+class InvalidPolicy(ValidationError):
+    """An out-of-range or unknown policy value (misfire, overlap, windows, caps)."""
+
+
+class InvalidTiming(ValidationError):
+    """Inconsistent timing: no trigger or more than one, run_at too far in the past, end < start."""
+
+
+class IdempotencyConflict(SchedulerError):
+    """The same idempotency key was used before with different content."""
+
+
+class ScheduleNotFound(SchedulerError, LookupError):
+    pass
+
+
+class OccurrenceNotFound(SchedulerError, LookupError):
+    pass
+
+
+class InvalidStateTransition(SchedulerError):
+    """A lifecycle call that the current state does not allow (e.g. resume a canceled schedule)."""
+
+
+class QuotaExceeded(SchedulerError):
+    """A tenant quota (schedule count, rate, concurrency) would be exceeded."""
+
+
+class StaleWrite(SchedulerError):
+    """A conditional write matched no row: another node or attempt owns the state now.
+
+    Raised when a fencing token, lease owner or version no longer matches.
+    """
+
+
+class LeaseLost(StaleWrite):
+    """The caller's lease (shard, occurrence or concurrency slot) expired or was taken over."""
+
+
+class CoordinationUnavailable(SchedulerError):
+    """The database or broker needed for coordination cannot be reached; wait, do not run."""
+
+
+class NotJSONSerializable(SchedulerError, TypeError):
+    """An idempotent task result (or args) could not be stored as JSON."""
+
+
+class UnsupportedSchedule(ValidationError):
+    """A Celery schedule kind we cannot represent (e.g. ``solar``)."""

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SchedulerConfig(AppConfig):
+    name = "django_app"
+    label = "django_app"
+    verbose_name = "Distributed scheduler"
+    default_auto_field = "django.db.models.BigAutoField"

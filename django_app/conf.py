@@ -1,0 +1,49 @@
+"""Every setting this app reads, with its default, in one place.
+
+Settings are read on each access (not cached at import) so tests can override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    #: Logical shards; fixed per deployment (schedules store their shard). Keep it well above
+    #: the number of beat nodes so shards can be balanced.
+    shard_count: int = 64
+    #: How far ahead the materializer creates occurrences (seconds).
+    horizon_seconds: int = 60
+    #: Rows per materializer/relay batch.
+    batch_size: int = 500
+    #: Lease duration for shard leases and relay claims (seconds).
+    lease_seconds: int = 30
+    #: Lease duration for an occurrence claimed by a worker; renewed by heartbeat (seconds).
+    occurrence_lease_seconds: int = 300
+    #: Default tenant slug for schedules created without one (and for static beat entries).
+    default_tenant: str = "default"
+    #: Defaults applied when a schedule does not set them.
+    default_max_lateness_seconds: int = 300
+    default_catchup_cap: int = 10
+    default_max_attempts: int = 5
+    #: Hard limits that validation enforces ("absurd" values are rejected).
+    max_flexible_window_seconds: int = 24 * 3600
+    max_catchup_cap: int = 10_000
+    max_lateness_limit_seconds: int = 30 * 24 * 3600
+    #: Check the task name against the Celery app's registry at create/update.
+    validate_task_names: bool = True
+
+
+_FIELDS = SchedulerSettings.__dataclass_fields__
+
+
+def get() -> SchedulerSettings:
+    """Current settings: ``CELERY_SCHEDULER = {"horizon_seconds": 30, ...}`` in Django settings."""
+    overrides = dict(getattr(settings, "CELERY_SCHEDULER", {}) or {})
+    unknown = sorted(set(overrides) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"Unknown CELERY_SCHEDULER setting(s) {unknown}; known: {sorted(_FIELDS)}")
+    return SchedulerSettings(**overrides)

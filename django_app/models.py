@@ -1,0 +1,342 @@
+"""Schedule, Occurrence, Attempt and OutboxEntry are separate, as the spec requires.
+
+The database enforces what must hold (unique occurrence keys, one outbox row per
+occurrence, valid enum values, per-tenant idempotency keys); Python validation only
+gives nicer messages. State changes are conditional UPDATEs in ``django_app.store``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from celery_scheduler.core.enums import (
+    AttemptOutcome,
+    MisfirePolicy,
+    OccurrenceState,
+    OverlapPolicy,
+    ScheduleKind,
+    ScheduleState,
+)
+
+
+def _choices(enum: type) -> list[tuple[str, str]]:
+    return [(m.value, m.value.replace("_", " ").title()) for m in enum]  # type: ignore[attr-defined]
+
+
+def _in_enum(field: str, enum: type) -> Q:
+    return Q(**{f"{field}__in": [m.value for m in enum]})  # type: ignore[attr-defined]
+
+
+class Tenant(models.Model):
+    """A customer of the scheduler with its own quotas and relay weight."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    max_schedules = models.PositiveIntegerField(null=True, blank=True)
+    max_trigger_rate = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Occurrences per second the relay publishes at most.")
+    )
+    max_running = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Occurrences RUNNING at once across all workers.")
+    )
+    catchup_rate = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Catch-up occurrences released per minute at most.")
+    )
+    relay_weight = models.PositiveSmallIntegerField(
+        default=1, help_text=_("Share of relay capacity under contention.")
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantMembership(models.Model):
+    """Ties a staff user to the one tenant whose schedules they may see and change."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="scheduler_membership"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="members")
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"
+
+
+class Schedule(models.Model):
+    """What should happen in the future. Versioned: each change bumps ``version``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="schedules")
+    name = models.CharField(max_length=200)
+    task = models.CharField(max_length=200, help_text=_("A task registered in the Celery app."))
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=200, blank=True, default="")
+    priority = models.PositiveSmallIntegerField(default=0)
+
+    kind = models.CharField(max_length=16, choices=_choices(ScheduleKind))
+    cron = models.CharField(max_length=200, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
+
+    version = models.PositiveIntegerField(default=1)
+    state = models.CharField(
+        max_length=16, choices=_choices(ScheduleState), default=ScheduleState.ACTIVE.value
+    )
+    #: The durable cursor: the next scheduled_for not yet materialized (UTC). NULL when no
+    #: future fire time exists or the schedule is not active.
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    shard = models.PositiveIntegerField(default=0)
+
+    misfire_policy = models.CharField(
+        max_length=16, choices=_choices(MisfirePolicy), default=MisfirePolicy.SKIP.value
+    )
+    max_lateness_seconds = models.PositiveIntegerField(default=300)
+    catchup_cap = models.PositiveIntegerField(default=10)
+    overlap_policy = models.CharField(
+        max_length=16, choices=_choices(OverlapPolicy), default=OverlapPolicy.ALLOW.value
+    )
+    flexible_window_seconds = models.PositiveIntegerField(default=0)
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    concurrency_group = models.CharField(max_length=200, blank=True, default="")
+    max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    deadline_seconds = models.PositiveIntegerField(null=True, blank=True)
+
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    #: Hash of the create arguments, to tell a replayed create from a conflicting one.
+    content_hash = models.CharField(max_length=64, blank=True, default="")
+    source = models.CharField(max_length=32, default="api")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="schedule_tenant_idempotency_key_uniq",
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("kind", ScheduleKind), name="schedule_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("state", ScheduleState), name="schedule_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("misfire_policy", MisfirePolicy), name="schedule_misfire_valid"
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("overlap_policy", OverlapPolicy), name="schedule_overlap_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(kind=ScheduleKind.CRON.value) & ~Q(cron="")
+                    | Q(kind=ScheduleKind.INTERVAL.value, interval_seconds__gt=0)
+                    | Q(kind=ScheduleKind.ONE_OFF.value, run_at__isnull=False)
+                ),
+                name="schedule_trigger_matches_kind",
+            ),
+            models.CheckConstraint(condition=Q(version__gte=1), name="schedule_version_positive"),
+        ]
+        indexes = [
+            # The materializer's hot path: due schedules of a shard, in time order.
+            models.Index(
+                fields=["shard", "next_run_at"],
+                condition=Q(state="ACTIVE"),
+                name="schedule_due_by_shard",
+            ),
+            models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind} v{self.version})"
+
+
+class Occurrence(models.Model):
+    """One scheduled time of one schedule version.
+
+    ``id`` is ``celery_scheduler.core.ids.occurrence_id(schedule, version, scheduled_for)``
+    and is the Celery task id of every message published for it.
+    """
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="occurrences")
+    schedule_version = models.PositiveIntegerField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="occurrences")
+    scheduled_for = models.DateTimeField()
+    available_at = models.DateTimeField()
+    state = models.CharField(
+        max_length=16,
+        choices=_choices(OccurrenceState),
+        default=OccurrenceState.SCHEDULED.value,
+    )
+    #: True for "run now" occurrences created by an operator.
+    manual = models.BooleanField(default=False)
+    attempt_count = models.PositiveIntegerField(default=0)
+    #: Fencing generation of the current claim; only ever grows.
+    fencing_token = models.BigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    #: Why the occurrence reached its state when no worker put it there (MISSED, CANCELED...).
+    reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["-scheduled_for"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule", "schedule_version", "scheduled_for"],
+                name="occurrence_schedule_version_time_uniq",
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("state", OccurrenceState), name="occurrence_state_valid"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["schedule", "state"], name="occurrence_schedule_state"),
+            models.Index(fields=["state", "scheduled_for"], name="occurrence_state_time"),
+            models.Index(fields=["tenant", "state"], name="occurrence_tenant_state"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.state} @ {self.scheduled_for.isoformat()}"
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """schedule_lag = enqueued_at - scheduled_for."""
+        if self.enqueued_at is None:
+            return None
+        return (self.enqueued_at - self.scheduled_for).total_seconds()
+
+
+class Attempt(models.Model):
+    """One delivery/processing try of an occurrence, under one fencing token."""
+
+    occurrence = models.ForeignKey(Occurrence, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    fencing_token = models.BigIntegerField()
+    worker = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(
+        max_length=16, choices=_choices(AttemptOutcome), default=AttemptOutcome.RUNNING.value
+    )
+    error = models.TextField(blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["occurrence", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["occurrence", "number"], name="attempt_number_uniq"),
+            models.UniqueConstraint(
+                fields=["occurrence", "fencing_token"], name="attempt_fencing_uniq"
+            ),
+            models.CheckConstraint(
+                condition=_in_enum("outcome", AttemptOutcome), name="attempt_outcome_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.occurrence_id} ({self.outcome})"
+
+
+class OutboxEntry(models.Model):
+    """A message to publish for one occurrence, written in the materializing transaction.
+
+    ``sent_at`` is set only after the broker accepted the message (at-least-once).
+    """
+
+    occurrence = models.OneToOneField(Occurrence, on_delete=models.CASCADE, related_name="outbox")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    shard = models.PositiveIntegerField(default=0)
+    available_at = models.DateTimeField()
+    priority = models.PositiveSmallIntegerField(default=0)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    publish_count = models.PositiveIntegerField(default=0)
+    #: Relay claim (for databases without SKIP LOCKED, and to hold rows in a dispatcher).
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    claim_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "outbox entries"
+        indexes = [
+            models.Index(
+                fields=["available_at"],
+                condition=Q(sent_at__isnull=True),
+                name="outbox_due",
+            ),
+            models.Index(
+                fields=["shard", "available_at"],
+                condition=Q(sent_at__isnull=True),
+                name="outbox_due_by_shard",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"outbox {self.occurrence_id} (sent={self.sent_at is not None})"
+
+
+class ShardLease(models.Model):
+    """Ownership of one logical shard by one beat node, with a fencing generation."""
+
+    shard = models.PositiveIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"shard {self.shard} -> {self.owner or '-'} (gen {self.fencing_token})"
+
+
+class ConcurrencySlot(models.Model):
+    """One of C slots of a concurrency key (a schedule or a named group)."""
+
+    key = models.CharField(max_length=200)
+    slot = models.PositiveIntegerField()
+    owner = models.CharField(max_length=200, blank=True, default="")
+    occurrence_id = models.UUIDField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="concurrency_slot_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}[{self.slot}] -> {self.owner or '-'}"
+
+
+class IdempotencyRecord(models.Model):
+    """The business key of an effect done by an ``@idempotent_task`` and its stored result."""
+
+    key = models.CharField(max_length=255, unique=True)
+    task_name = models.CharField(max_length=200)
+    occurrence_id = models.UUIDField(null=True, blank=True)
+    task_id = models.CharField(max_length=255, blank=True, default="")
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,0 +1,85 @@
+"""Shared fixtures: database selection, service checks and factories.
+
+The database comes from ``DATABASE_URL`` (default: SQLite). Tests marked ``postgres`` prove
+concurrency claims and skip elsewhere. A service that does not answer skips its tests
+locally but fails them in CI (``CI=true``), so a green CI cannot hide a missing service.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_service(name: str, host: str, port: int) -> None:
+    if _answers(host, port):
+        return
+    message = f"{name} is not answering on {host}:{port}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def is_postgres() -> bool:
+    from django.db import connection
+
+    return connection.vendor == "postgresql"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_postgres = os.environ.get("DATABASE_URL", "").startswith(("postgres", "postgresql"))
+    skip_pg = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    for item in items:
+        if "postgres" in item.keywords and not on_postgres:
+            item.add_marker(skip_pg)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    require_service("Redis", "127.0.0.1", 6379)
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    client.close()
+    return REDIS_URL
+
+
+@pytest.fixture
+def tenant_factory(db: None) -> Callable[..., Any]:
+    from django_app.models import Tenant
+
+    def make(slug: str | None = None, **fields: Any) -> Tenant:
+        return Tenant.objects.create(slug=slug or f"t-{uuid.uuid4().hex[:8]}", **fields)
+
+    return make
+
+
+@pytest.fixture
+def tenant(tenant_factory: Callable[..., Any]) -> Any:
+    return tenant_factory("acme")
+
+
+@pytest.fixture
+def frozen_clock() -> Iterator[Any]:
+    from datetime import UTC, datetime
+
+    from celery_scheduler.core.clock import FrozenClock
+
+    yield FrozenClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
