@@ -1,4 +1,4 @@
-"""A runnable Django + Celery project using celery_scheduler (SQLite + embedded broker by default)."""
+"""A runnable Django + Celery project using celery_scheduler (SQLite + embedded broker)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,9 +77,9 @@ def tenant(tenant_factory: Callable[..., Any]) -> Any:
 
 
 @pytest.fixture
-def frozen_clock() -> Iterator[Any]:
+def frozen_clock() -> Any:
     from datetime import UTC, datetime
 
     from celery_scheduler.core.clock import FrozenClock
 
-    yield FrozenClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))
+    return FrozenClock(datetime(2026, 3, 1, 12, 0, tzinfo=UTC))

@@ -4,7 +4,7 @@ from django.db import models
 
 
 class Invoice(models.Model):
-    """Deliberately NO unique constraint on (customer, period): the decorator must prevent doubles."""
+    """Deliberately NO unique constraint on (customer, period): the decorator prevents doubles."""
 
     customer = models.CharField(max_length=100)
     period = models.CharField(max_length=20)
