@@ -165,6 +165,37 @@ class Schedule(models.Model):
         return f"{self.name} ({self.kind} v{self.version})"
 
 
+class ScheduleVersion(models.Model):
+    """The timing of one version of a schedule and the interval in which it was live.
+
+    Written by the lifecycle API on create/update/pause/resume/cancel. The reconciler
+    recomputes expected occurrences from these rows alone: a version is expected to fire
+    in ``[valid_from, valid_to)``; pause and cancel close the interval, resume opens a new
+    row for the (bumped) version.
+    """
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=_choices(ScheduleKind))
+    cron = models.CharField(max_length=200, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
+    valid_from = models.DateTimeField()
+    valid_to = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["schedule", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "version"], name="schedule_version_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} v{self.version}"
+
+
 class Occurrence(models.Model):
     """One scheduled time of one schedule version.
 
