@@ -1,0 +1,471 @@
+"""Trigger time math: cron, fixed-rate interval and one-off instants, all answered in UTC.
+
+The DST contract is ours, whatever croniter would do:
+
+* Cron expressions are evaluated in the schedule's LOCAL wall time (naive local datetimes
+  stepped field by field), then converted to UTC with ``zoneinfo``.
+* A local wall time that does not exist (spring-forward gap) is skipped.
+* A wall time that repeats (fall-back) fires once, at its first instant (``fold=0``).
+  For hourly or minutely expressions this means *each distinct wall time* fires once: with a
+  one-hour fall-back at 03:00 an hourly job fires at 02:00 (first pass) and next at 03:00,
+  so a 25-hour day has 24 runs and a 23-hour day has 23. Elapsed-time spacing is the job of
+  :class:`IntervalTrigger`.
+* A daily job keeps its wall-clock time across DST (the next time is never ``+24 h``).
+* Intervals are elapsed time from an anchor and ignore DST entirely.
+
+Cron is five-field Vixie cron (minute hour day-of-month month day-of-week) with ranges,
+steps (``a-b/n``, ``*/n`` and the common ``a/n`` = ``a-max/n``), lists, month and weekday
+names, ``0`` or ``7`` for Sunday, and the macros ``@yearly @annually @monthly @weekly @daily
+@midnight @hourly``. As in Vixie cron, when both day fields are restricted (neither starts
+with ``*``) a day matches if EITHER matches; otherwise both must. Every returned instant is an
+aware UTC datetime, and naive inputs are rejected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import calendar
+import difflib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from celery_scheduler import errors
+
+__all__ = [
+    "CronTrigger",
+    "IntervalTrigger",
+    "OneOffTrigger",
+    "PreviewRow",
+    "Trigger",
+    "describe_cron",
+    "fire_times",
+    "parse_timezone",
+    "preview",
+]
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_FIELDS = (  # (name, low, high, names)
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day-of-month", 1, 31, ()),
+    ("month", 1, 12, tuple(m.lower() for m in calendar.month_abbr[1:])),
+    ("day-of-week", 0, 7, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")),
+)
+_MONTH_MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # Feb 29 exists some years
+# With the never-fires check done statically, a match is at most ~28 years away (a date on a
+# given weekday); the bound only guards against the datetime range and pathological zones.
+_SEARCH_YEARS = 50
+MAX_PREVIEW = 1000
+
+
+def _require_aware(value: datetime, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise errors.ValidationError(f"{name} must be a datetime, got {value!r}", field=name)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise errors.ValidationError(
+            f"{name} must be timezone-aware (got naive {value.isoformat()}); pass an aware UTC "
+            "datetime such as datetime(..., tzinfo=UTC)",
+            field=name,
+        )
+    return value.astimezone(UTC)
+
+
+# --- time zones ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _zone_names() -> tuple[str, ...]:
+    return tuple(sorted(available_timezones()))
+
+
+def parse_timezone(name: str) -> ZoneInfo:
+    """Return the IANA zone ``name`` or raise :class:`errors.UnknownTimeZone` with suggestions."""
+    if isinstance(name, str) and name.strip() == name and name:
+        try:
+            return ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            pass
+    text = name if isinstance(name, str) else repr(name)
+    names = _zone_names()
+    by_lower = {n.lower(): n for n in names}
+    exact = by_lower.get(text.strip().lower())
+    close = [exact] if exact else difflib.get_close_matches(text.strip(), names, n=1, cutoff=0.6)
+    hint = close[0] if close else "Europe/Berlin"
+    raise errors.UnknownTimeZone(f"Unknown time zone {text!r}. Use an IANA name such as {hint!r}.")
+
+
+# --- cron parsing ---------------------------------------------------------------------------
+
+
+def _parse_value(text: str, index: int, fieldtext: str) -> int:
+    name, low, high, names = _FIELDS[index]
+    if text.isdigit():
+        value = int(text)
+    elif text.lower() in names:
+        value = names.index(text.lower()) + (1 if index == 3 else 0)
+    else:
+        allowed = f"{low}-{high}" + (f" or a name ({', '.join(names[:3])}, ...)" if names else "")
+        raise errors.InvalidCronExpression(
+            f"Invalid {name} field {fieldtext!r}: {text!r} is not a number in {allowed}."
+        )
+    if not low <= value <= high:
+        raise errors.InvalidCronExpression(
+            f"Invalid {name} field {fieldtext!r}: {value} is out of range {low}-{high}."
+        )
+    return value
+
+
+def _parse_field(text: str, index: int) -> frozenset[int]:
+    name, low, high, _ = _FIELDS[index]
+    values: set[int] = set()
+    for item in text.split(","):
+        base, slash, step_text = item.partition("/")
+        step = 1
+        if slash:
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise errors.InvalidCronExpression(
+                    f"Invalid {name} field {text!r}: step {step_text!r} must be a positive integer."
+                )
+            step = int(step_text)
+        if base == "*":
+            start, stop = low, high
+        elif "-" in base:
+            first, _, last = base.partition("-")
+            start, stop = _parse_value(first, index, text), _parse_value(last, index, text)
+            if index == 4 and stop == 0 and start > 0:  # "mon-sun": Sunday as 7
+                stop = 7
+            if start > stop:
+                raise errors.InvalidCronExpression(
+                    f"Invalid {name} field {text!r}: range {base!r} runs backwards; "
+                    "write it as two ranges joined by ','."
+                )
+        else:
+            start = _parse_value(base, index, text)
+            stop = high if slash else start  # "a/n" means a-max/n (cronie, croniter)
+        values.update(range(start, stop + 1, step))
+    if index == 4 and 7 in values:  # 7 is Sunday too
+        values.discard(7)
+        values.add(0)
+    return frozenset(values)
+
+
+@dataclass(frozen=True)
+class _CronSpec:
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    days: frozenset[int]
+    months: tuple[int, ...]
+    weekdays: frozenset[int]  # cron numbering: 0 = Sunday
+    day_or: bool  # Vixie: both day fields restricted -> either may match
+
+    def day_matches(self, day: date) -> bool:
+        dom = day.day in self.days
+        dow = (day.weekday() + 1) % 7 in self.weekdays
+        return (dom or dow) if self.day_or else (dom and dow)
+
+    def matches(self, wall: datetime) -> bool:
+        return (
+            wall.minute in self.minutes
+            and wall.hour in self.hours
+            and wall.month in self.months
+            and self.day_matches(wall.date())
+        )
+
+    def next_wall(self, wall: datetime) -> datetime | None:
+        """First matching naive wall time at or after ``wall`` (whole minutes), else None."""
+        cur = wall.replace(second=0, microsecond=0, fold=0)
+        if cur != wall:
+            cur += timedelta(minutes=1)
+        day, hour, minute = cur.date(), cur.hour, cur.minute
+        try:
+            for _ in range(366 * _SEARCH_YEARS):
+                if day.month not in self.months:
+                    i = bisect.bisect_right(self.months, day.month)
+                    if i < len(self.months):
+                        day = date(day.year, self.months[i], 1)
+                    else:
+                        day = date(day.year + 1, self.months[0], 1)
+                    hour = minute = 0
+                    continue
+                if self.day_matches(day):
+                    found = self._time_at_or_after(hour, minute)
+                    if found is not None:
+                        return datetime.combine(day, found)
+                day += timedelta(days=1)
+                hour = minute = 0
+        except (OverflowError, ValueError):  # ran past year 9999
+            return None
+        return None
+
+    def _time_at_or_after(self, hour: int, minute: int) -> time | None:
+        h = bisect.bisect_left(self.hours, hour)
+        if h < len(self.hours) and self.hours[h] == hour:
+            m = bisect.bisect_left(self.minutes, minute)
+            if m < len(self.minutes):
+                return time(hour, self.minutes[m])
+            h += 1
+        return time(self.hours[h], self.minutes[0]) if h < len(self.hours) else None
+
+
+def _compile_cron(expression: str) -> _CronSpec:
+    if not isinstance(expression, str) or not expression.strip():
+        raise errors.InvalidCronExpression("Cron expression is empty; expected five fields.")
+    text = expression.strip()
+    if text.startswith("@"):
+        macro = text.lower()
+        if macro == "@reboot":
+            raise errors.InvalidCronExpression(
+                "'@reboot' is not a schedule: it has no fire times. Use a five-field expression."
+            )
+        if macro not in MACROS:
+            raise errors.InvalidCronExpression(
+                f"Unknown cron macro {text!r}; use one of {', '.join(MACROS)}."
+            )
+        text = MACROS[macro]
+    parts = text.split()
+    if len(parts) != 5:
+        extra = " (seconds or year fields are not supported)" if len(parts) in (6, 7) else ""
+        raise errors.InvalidCronExpression(
+            f"Cron expression {expression!r} has {len(parts)} fields; expected five "
+            f"(minute hour day-of-month month day-of-week){extra}."
+        )
+    sets = [_parse_field(part, i) for i, part in enumerate(parts)]
+    spec = _CronSpec(
+        minutes=tuple(sorted(sets[0])),
+        hours=tuple(sorted(sets[1])),
+        days=sets[2],
+        months=tuple(sorted(sets[3])),
+        weekdays=sets[4],
+        day_or=not parts[2].startswith("*") and not parts[4].startswith("*"),
+    )
+    # Exact and cheap: with OR semantics every month has every weekday; otherwise some
+    # (month, day) must exist, and every calendar date falls on every weekday eventually.
+    if not spec.day_or and not any(
+        d <= _MONTH_MAX_DAYS[m - 1] for m in spec.months for d in spec.days
+    ):
+        raise errors.CronNeverFires(
+            f"Cron expression {expression!r} never fires: no month in its month field has "
+            f"day {'/'.join(str(d) for d in sorted(spec.days))}."
+        )
+    return spec
+
+
+# --- triggers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CronTrigger:
+    """A five-field cron expression evaluated in the IANA zone ``timezone``."""
+
+    expression: str
+    timezone: str = "UTC"
+    _spec: _CronSpec = field(init=False, repr=False, compare=False)
+    _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_spec", _compile_cron(self.expression))
+        object.__setattr__(self, "_zone", parse_timezone(self.timezone))
+
+    def _search(self, at: datetime, *, inclusive: bool) -> datetime | None:
+        wall = at.astimezone(self._zone).replace(tzinfo=None, fold=0)
+        candidate = self._spec.next_wall(wall)
+        while candidate is not None:
+            instant = self._instant(candidate)
+            if instant is not None and (instant >= at if inclusive else instant > at):
+                return instant
+            # Only gaps and the second pass of a fall-back get here: a few iterations.
+            candidate = self._spec.next_wall(candidate + timedelta(minutes=1))
+        return None
+
+    def _instant(self, wall: datetime) -> datetime | None:
+        """UTC instant of the first occurrence of a naive wall time, None if it does not exist."""
+        local = wall.replace(
+            tzinfo=self._zone, fold=0
+        )  # fold=0: the earlier of two repeated instants
+        utc = local.astimezone(UTC)
+        if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
+            return None
+        return utc
+
+    def next_after(self, after: datetime) -> datetime | None:
+        return self._search(_require_aware(after, "after"), inclusive=False)
+
+    def first_at_or_after(self, at: datetime) -> datetime | None:
+        return self._search(_require_aware(at, "at"), inclusive=True)
+
+    def matches_wall(self, wall: datetime) -> bool:
+        """Whether a naive local wall time matches the expression's fields."""
+        return self._spec.matches(wall)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return self._zone
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntervalTrigger:
+    """Fires at ``anchor + k * every`` for k >= 0: elapsed time, DST plays no part."""
+
+    every: timedelta
+    anchor: datetime
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, timedelta) or self.every < timedelta(seconds=1):
+            raise errors.InvalidTiming(
+                f"Interval must be a timedelta of at least 1 second, got {self.every!r}.",
+                field="interval",
+            )
+        object.__setattr__(self, "anchor", _require_aware(self.anchor, "anchor"))
+
+    def next_after(self, after: datetime) -> datetime | None:
+        after = _require_aware(after, "after")
+        if after < self.anchor:
+            return self.anchor
+        return self.anchor + ((after - self.anchor) // self.every + 1) * self.every
+
+    def first_at_or_after(self, at: datetime) -> datetime | None:
+        at = _require_aware(at, "at")
+        if at <= self.anchor:
+            return self.anchor
+        return self.anchor + -((self.anchor - at) // self.every) * self.every
+
+
+@dataclass(frozen=True, kw_only=True)
+class OneOffTrigger:
+    """Fires once, at ``run_at``."""
+
+    run_at: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_at", _require_aware(self.run_at, "run_at"))
+
+    def next_after(self, after: datetime) -> datetime | None:
+        return self.run_at if self.run_at > _require_aware(after, "after") else None
+
+    def first_at_or_after(self, at: datetime) -> datetime | None:
+        return self.run_at if self.run_at >= _require_aware(at, "at") else None
+
+
+Trigger = CronTrigger | IntervalTrigger | OneOffTrigger
+
+
+def fire_times(
+    trigger: Trigger,
+    after: datetime,
+    *,
+    until: datetime | None = None,
+    limit: int | None = None,
+) -> Iterator[datetime]:
+    """Fire times strictly after ``after`` and at or before ``until``, at most ``limit``."""
+    current = _require_aware(after, "after")
+    end = _require_aware(until, "until") if until is not None else None
+    produced = 0
+    while limit is None or produced < limit:
+        nxt = trigger.next_after(current)
+        if nxt is None or (end is not None and nxt > end):
+            return
+        yield nxt
+        produced += 1
+        current = nxt
+
+
+def describe_cron(expression: str) -> str:
+    """Human text for a validated cron expression, e.g. "At 09:00, Monday through Friday"."""
+    import cron_descriptor
+
+    _compile_cron(expression)
+    text = MACROS.get(expression.strip().lower(), expression.strip())
+    options = cron_descriptor.Options()
+    options.use_24hour_time_format = True
+    return str(cron_descriptor.ExpressionDescriptor(text, options).get_description())
+
+
+# --- preview --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreviewRow:
+    utc: datetime
+    local: datetime
+    note: str
+
+
+def _hm(delta: timedelta) -> str:
+    minutes = int(abs(delta).total_seconds()) // 60
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def _transition_note(zone: ZoneInfo, before: datetime, after: datetime) -> str:
+    """Describe the (last) offset change between two UTC instants, or "" if none."""
+    old, new = before.astimezone(zone).utcoffset(), after.astimezone(zone).utcoffset()
+    if old is None or new is None or old == new:
+        return ""
+    lo, hi = before, after  # invariant: offset(lo) != new, offset(hi) == new
+    while hi - lo > timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(zone).utcoffset() == new:
+            hi = mid
+        else:
+            lo = mid
+    change = hi.replace(microsecond=0)
+    prev = lo.astimezone(zone).utcoffset() or old
+    wall_old, wall_new = (change + prev).strftime("%H:%M"), (change + new).strftime("%H:%M")
+    direction = "forward" if new > prev else "back"
+    return (
+        f"DST change: clocks move {direction} {_hm(new - prev)} ({wall_old} -> {wall_new}) "
+        "before this run"
+    )
+
+
+def _row_note(trigger: Trigger, previous: datetime, instant: datetime) -> str:
+    if not isinstance(trigger, CronTrigger):
+        return ""
+    zone = trigger.zone
+    notes = [_transition_note(zone, previous, instant)]
+    wall = instant.astimezone(zone).replace(tzinfo=None)
+    if wall.replace(tzinfo=zone, fold=1).utcoffset() != wall.replace(tzinfo=zone).utcoffset():
+        notes.append(f"repeated wall time {wall:%H:%M} runs once (first instant)")
+    elif notes[0] and "back" in notes[0]:
+        notes.append("after fall-back; repeated wall time runs once")
+    # Wall times between the two runs that matched but do not exist were skipped.
+    skipped = []
+    cursor = previous.astimezone(zone).replace(tzinfo=None, fold=0) + timedelta(minutes=1)
+    for _ in range(120):
+        cand = trigger._spec.next_wall(cursor)
+        if cand is None or cand >= wall:
+            break
+        if trigger._instant(cand) is None:
+            skipped.append(cand)
+        cursor = cand + timedelta(minutes=1)
+    if skipped:
+        span = f"{skipped[0]:%H:%M}" + (f"-{skipped[-1]:%H:%M}" if len(skipped) > 1 else "")
+        notes.append(f"{span} did not exist and was skipped")
+    return "; ".join(n for n in notes if n)
+
+
+def preview(trigger: Trigger, *, start: datetime, count: int = 10) -> list[PreviewRow]:
+    """The next ``count`` fire times strictly after ``start``, with DST notes per run."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PREVIEW:
+        raise errors.ValidationError(
+            f"count must be an integer from 1 to {MAX_PREVIEW}, got {count!r}.", field="count"
+        )
+    start = _require_aware(start, "start")
+    zone = trigger.zone if isinstance(trigger, CronTrigger) else UTC
+    rows: list[PreviewRow] = []
+    previous = start
+    for instant in fire_times(trigger, start, limit=count):
+        note = _row_note(trigger, previous, instant)
+        rows.append(PreviewRow(utc=instant, local=instant.astimezone(zone), note=note))
+        previous = instant
+    return rows
