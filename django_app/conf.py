@@ -28,6 +28,10 @@ class SchedulerSettings:
     #: Defaults applied when a schedule does not set them.
     default_max_lateness_seconds: int = 300
     default_catchup_cap: int = 10
+    #: MISSED rows the materializer records per schedule per pass after downtime. Older late
+    #: fire times are jumped over (the report counts the jump; no row each), so a long outage never
+    #: floods the database with history.
+    max_missed_per_pass: int = 1000
     default_max_attempts: int = 5
     #: Hard limits that validation enforces ("absurd" values are rejected).
     max_flexible_window_seconds: int = 24 * 3600
