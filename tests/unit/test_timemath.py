@@ -17,8 +17,10 @@ from celery_scheduler.core import timemath
 from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def runs_on(trigger: CronTrigger, day: date) -> list[datetime]:
@@ -94,7 +96,9 @@ def test_fall_back_repeated_daily_time_runs_once_at_first_instant(zone: Zone) ->
     assert second_pass.astimezone(ZoneInfo(zone.name)).replace(tzinfo=None) == run.replace(
         tzinfo=None
     )
-    assert trigger.next_after(run) > second_pass
+    following = trigger.next_after(run)
+    assert following is not None
+    assert following > second_pass
 
 
 @pytest.mark.parametrize("zone", ZONES, ids=IDS)
@@ -328,7 +332,7 @@ def test_triggers_are_frozen_values() -> None:
     with pytest.raises(AttributeError):
         a.expression = "x"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        CronTrigger("0 9 * * *")  # type: ignore[misc]
+        CronTrigger("0 9 * * *")  # type: ignore[call-arg]
 
 
 def test_naive_datetimes_are_rejected() -> None:
