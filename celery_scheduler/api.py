@@ -1,0 +1,194 @@
+"""The public lifecycle API.
+
+Every function here is one database transaction and needs Django set up (it delegates to
+``django_app.lifecycle``, imported lazily so that importing this module stays cheap and
+Django-free). Validation errors are ``celery_scheduler.errors.ValidationError`` subclasses
+whose ``field`` attribute names the bad argument; nothing is written when one is raised.
+
+Example::
+
+    from celery_scheduler import api
+
+    schedule = api.create_schedule(
+        name="nightly invoices", task="billing.create_invoices",
+        cron="0 2 * * *", timezone="Europe/Berlin",
+        misfire_policy="FIRE_ONCE", overlap_policy="SKIP_IF_RUNNING",
+        idempotency_key="nightly-invoices",
+    )
+    api.pause_schedule(schedule.id).describe()
+    # 'nightly invoices: paused (version 2), 1 pending occurrence invalidated'
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery_scheduler.core import timemath
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from django_app.lifecycle import LifecycleResult
+    from django_app.models import Occurrence, Schedule, Tenant
+
+__all__ = [
+    "cancel_schedule",
+    "create_schedule",
+    "pause_schedule",
+    "preview",
+    "replay_occurrence",
+    "resume_schedule",
+    "run_now",
+    "update_schedule",
+]
+
+Seconds = int | timedelta
+
+
+def create_schedule(
+    *,
+    name: str,
+    task: str,
+    tenant: Tenant | str | None = None,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    interval: Seconds | None = None,
+    run_at: datetime | None = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    queue: str = "",
+    priority: int = 0,
+    misfire_policy: str = "SKIP",
+    max_lateness: Seconds | None = None,
+    catchup_cap: int | None = None,
+    overlap_policy: str = "ALLOW",
+    flexible_window: Seconds = 0,
+    concurrency_limit: int | None = None,
+    concurrency_group: str = "",
+    max_attempts: int | None = None,
+    deadline: Seconds | None = None,
+    start_at: datetime | None = None,
+    end_at: datetime | None = None,
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> Schedule:
+    """Create a schedule. Give exactly one of ``cron`` (+ ``timezone``), ``interval``, ``run_at``.
+
+    Args:
+        name: Label shown in the admin.
+        task: A task name registered in the Celery app.
+        tenant: Tenant or its slug; default: the ``default_tenant`` setting.
+        cron: Five-field cron or a macro (``@hourly``...), read in ``timezone``.
+        interval: Fixed rate (seconds or timedelta) from ``start_at`` (default: now).
+        run_at: One-off instant (aware datetime).
+        misfire_policy: ``SKIP``, ``FIRE_ONCE`` or ``CATCH_UP`` (see README, "Misfire").
+        max_lateness: How late (seconds) a fire time may still run; later ones misfire.
+        catchup_cap: How many late fire times ``CATCH_UP`` runs at most.
+        overlap_policy: ``ALLOW``, ``SKIP_IF_RUNNING`` or ``QUEUE_ONE``.
+        flexible_window: Spread each run over this many seconds (deterministic jitter).
+        concurrency_limit: At most this many RUNNING at once across all workers.
+        concurrency_group: Share the limit with other schedules under this name.
+        max_attempts: Attempts before an occurrence goes DEAD (default: setting).
+        deadline: Seconds after scheduled_for after which no retry is made.
+        idempotency_key: The same key returns the same schedule; different content with
+            the same key raises ``IdempotencyConflict``.
+
+    Raises:
+        celery_scheduler.errors.ValidationError: a subclass naming the bad field.
+        celery_scheduler.errors.IdempotencyConflict: key reused with other content.
+        celery_scheduler.errors.QuotaExceeded: the tenant's schedule quota is used up.
+    """
+    from django_app import lifecycle
+
+    return lifecycle.create_schedule(
+        tenant=tenant, idempotency_key=idempotency_key, clock=clock,
+        name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
+        args=args, kwargs=kwargs, queue=queue, priority=priority,
+        misfire_policy=misfire_policy, max_lateness=max_lateness, catchup_cap=catchup_cap,
+        overlap_policy=overlap_policy, flexible_window=flexible_window,
+        concurrency_limit=concurrency_limit, concurrency_group=concurrency_group,
+        max_attempts=max_attempts, deadline=deadline, start_at=start_at, end_at=end_at,
+    )  # fmt: skip
+
+
+def update_schedule(
+    schedule_id: uuid.UUID | str, *, clock: Clock | None = None, **changes: Any
+) -> LifecycleResult:
+    """Change any create field as a new version.
+
+    Unclaimed occurrences of older versions become CANCELED (never deleted); the result
+    says how many, and which occurrences are still running under an older version.
+    """
+    from django_app import lifecycle
+
+    return lifecycle.update_schedule(schedule_id, clock=clock, **changes)
+
+
+def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Stop materializing and invalidate unclaimed occurrences (new version)."""
+    from django_app import lifecycle
+
+    return lifecycle.pause_schedule(schedule_id, clock=clock)
+
+
+def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Resume from now; fire times missed while paused follow the misfire policy."""
+    from django_app import lifecycle
+
+    return lifecycle.resume_schedule(schedule_id, clock=clock)
+
+
+def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Cancel for good; history stays, running occurrences are reported."""
+    from django_app import lifecycle
+
+    return lifecycle.cancel_schedule(schedule_id, clock=clock)
+
+
+def run_now(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
+    """Create a manual occurrence (its own id) that the relay publishes right away."""
+    from django_app import lifecycle
+
+    return lifecycle.run_now(schedule_id, clock=clock)
+
+
+def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
+    """Re-enqueue a DEAD occurrence under the same occurrence id (attempts are kept)."""
+    from django_app import worker
+
+    return worker.replay_occurrence(occurrence_id, clock=clock)
+
+
+def preview(
+    *,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    interval: Seconds | None = None,
+    run_at: datetime | None = None,
+    start: datetime | None = None,
+    count: int = 10,
+    clock: Clock | None = None,
+) -> list[timemath.PreviewRow]:
+    """The next ``count`` fire times (UTC and local, DST notes) without creating anything.
+
+    Pure: needs no database. Raises the same validation errors as ``create_schedule``.
+    """
+    start = start or (clock or SYSTEM_CLOCK).now()
+    trigger: timemath.Trigger
+    given = [n for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at)) if v]
+    if len(given) != 1:
+        from celery_scheduler import errors
+
+        raise errors.InvalidTiming("give exactly one of cron, interval or run_at", field="cron")
+    if cron:
+        trigger = timemath.CronTrigger(expression=cron, timezone=timezone)
+    elif interval:
+        every = interval if isinstance(interval, timedelta) else timedelta(seconds=interval)
+        trigger = timemath.IntervalTrigger(every=every, anchor=start)
+    else:
+        assert run_at is not None
+        trigger = timemath.OneOffTrigger(run_at=run_at)
+    # Include `start` itself so a preview that starts on a fire time shows it.
+    return timemath.preview(trigger, start=start - timedelta(microseconds=1), count=count)

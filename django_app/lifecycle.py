@@ -1,0 +1,405 @@
+"""The lifecycle of schedules: create, update, pause, resume, cancel, run now.
+
+Each call is one database transaction that locks the schedule row, so it serialises with
+the materializer's conditional cursor update (``WHERE version = <read>``) and with the
+relay's row locks: once a call that bumps the version has committed, no occurrence of an
+older version is materialized or published any more. Rows are never deleted; invalidated
+occurrences become CANCELED and stay for audit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from celery_scheduler import errors
+from celery_scheduler.core import ids
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
+from celery_scheduler.core.states import UNCLAIMED
+from django_app import conf, validation
+from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, Tenant
+
+
+@dataclass(frozen=True, kw_only=True)
+class LifecycleResult:
+    """What a lifecycle call really did, for the caller to report truthfully."""
+
+    schedule: Schedule
+    version: int
+    state: str
+    invalidated: int = 0
+    still_running: list[uuid.UUID] = field(default_factory=list)
+    changed: bool = True
+
+    def describe(self) -> str:
+        parts = [f"{self.schedule.name}: {self.state.lower()} (version {self.version})"]
+        if not self.changed:
+            parts[0] = f"{self.schedule.name}: already {self.state.lower()}"
+        parts.append(
+            f"{self.invalidated} pending occurrence{'s' if self.invalidated != 1 else ''} "
+            "invalidated"
+        )
+        running = len(self.still_running)
+        if running:
+            parts.append(f"{running} still running")
+        return ", ".join(parts)
+
+
+def resolve_tenant(tenant: Tenant | str | None) -> Tenant:
+    """The tenant object for a slug (the default tenant is created on first use)."""
+    if isinstance(tenant, Tenant):
+        return tenant
+    default = conf.get().default_tenant
+    slug = tenant or default
+    if slug == default:
+        return Tenant.objects.get_or_create(slug=slug, defaults={"name": slug})[0]
+    try:
+        return Tenant.objects.get(slug=slug)
+    except Tenant.DoesNotExist:
+        raise errors.ValidationError(f"Unknown tenant {slug!r}", field="tenant") from None
+
+
+def create_schedule(
+    *,
+    tenant: Tenant | str | None = None,
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+    source: str = "api",
+    **values: Any,
+) -> Schedule:
+    """Validate and create a schedule; the same idempotency key returns the same schedule."""
+    now = (clock or SYSTEM_CLOCK).now()
+    spec = validation.validate(now=now, **values)
+    if idempotency_key is not None:
+        idempotency_key = validation._text(idempotency_key, "idempotency_key", required=True)
+    tenant_obj = resolve_tenant(tenant)
+    digest = spec.content_hash()
+    with transaction.atomic():
+        # Lock the tenant so the schedule-count quota check and the insert are atomic.
+        locked_tenant = Tenant.objects.select_for_update().get(pk=tenant_obj.pk)
+        if idempotency_key is not None:
+            existing = _by_idempotency_key(locked_tenant, idempotency_key, digest)
+            if existing is not None:
+                return existing
+        _check_quota(locked_tenant)
+        schedule = Schedule(
+            tenant=locked_tenant, idempotency_key=idempotency_key, content_hash=digest,
+            source=source, **spec.model_fields(),
+        )  # fmt: skip
+        if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
+            schedule.start_at = now  # the interval's anchor must survive restarts
+        schedule.shard = ids.shard_for(schedule.id, conf.get().shard_count)
+        schedule.next_run_at = _first_run(spec, schedule.start_at, now)
+        try:
+            with transaction.atomic():
+                schedule.save(force_insert=True)
+        except IntegrityError:
+            # A concurrent create with the same key won the unique constraint.
+            if idempotency_key is None:
+                raise
+            winner = _by_idempotency_key(locked_tenant, idempotency_key, digest)
+            if winner is None:
+                raise
+            return winner
+        _open_version(schedule, min(now, schedule.next_run_at or now))
+    return schedule
+
+
+def update_schedule(
+    schedule_id: uuid.UUID | str, *, clock: Clock | None = None, **changes: Any
+) -> LifecycleResult:
+    """Apply ``changes`` as a new version; unclaimed older-version occurrences are canceled."""
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.state in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
+            raise errors.InvalidStateTransition(
+                f"schedule {schedule.id} is {schedule.state}; it cannot be updated"
+            )
+        current = validation.spec_to_input(_spec_of(schedule))
+        timing = {"cron", "interval", "run_at"} & set(changes)
+        if timing:  # a new trigger replaces the old one instead of adding to it
+            current.update(cron=None, interval=None, run_at=None)
+        merged = {**current, **changes}
+        spec = validation.validate(now=now, **merged)
+        trigger_changed = _timing_of(spec) != _timing_of(_spec_of(schedule))
+        for name, value in spec.model_fields().items():
+            setattr(schedule, name, value)
+        if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
+            schedule.start_at = now
+        schedule.content_hash = spec.content_hash()
+        invalidated_from = _earliest_invalidatable(schedule)
+        old_cursor = schedule.next_run_at
+        schedule.version += 1
+        result = _invalidate(schedule, now)
+        if schedule.state == ScheduleState.ACTIVE:
+            if trigger_changed or old_cursor is None:
+                schedule.next_run_at = _first_run(spec, schedule.start_at, now)
+            elif invalidated_from is not None:
+                # Re-materialize the invalidated times under the new version.
+                schedule.next_run_at = min(old_cursor, invalidated_from)
+            _close_version(schedule, now)
+            _open_version(schedule, min(now, schedule.next_run_at or now))
+        schedule.save()
+        return LifecycleResult(
+            schedule=schedule, version=schedule.version, state=schedule.state, **result
+        )
+
+
+def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Stop materializing; keep the cursor so resume can apply the misfire policy."""
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.state == ScheduleState.PAUSED:
+            return _unchanged(schedule)
+        _require_state(schedule, ScheduleState.ACTIVE, "paused")
+        schedule.version += 1
+        schedule.state = ScheduleState.PAUSED.value
+        result = _invalidate(schedule, now)
+        _close_version(schedule, now)
+        schedule.save()
+        return LifecycleResult(
+            schedule=schedule, version=schedule.version, state=schedule.state, **result
+        )
+
+
+def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Resume from now under the misfire policy.
+
+    Fire times that passed while paused: SKIP drops them; FIRE_ONCE keeps the latest one;
+    CATCH_UP keeps the latest ``catchup_cap``. They then fire as late occurrences.
+    """
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.state == ScheduleState.ACTIVE:
+            return _unchanged(schedule)
+        _require_state(schedule, ScheduleState.PAUSED, "resumed")
+        spec = _spec_of(schedule)
+        trigger = spec.trigger(anchor=schedule.start_at or now)
+        schedule.version += 1
+        schedule.state = ScheduleState.ACTIVE.value
+        schedule.next_run_at = _resume_cursor(schedule, trigger, now)
+        if schedule.next_run_at is None:
+            schedule.state = ScheduleState.COMPLETED.value
+        else:
+            _open_version(schedule, min(now, schedule.next_run_at))
+        schedule.save()
+        return LifecycleResult(schedule=schedule, version=schedule.version, state=schedule.state)
+
+
+def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
+    """Cancel for good. History stays; RUNNING occurrences are reported, not interrupted."""
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.state == ScheduleState.CANCELED:
+            return _unchanged(schedule)
+        schedule.version += 1
+        schedule.state = ScheduleState.CANCELED.value
+        schedule.next_run_at = None
+        result = _invalidate(schedule, now)
+        _close_version(schedule, now)
+        schedule.save()
+        return LifecycleResult(
+            schedule=schedule, version=schedule.version, state=schedule.state, **result
+        )
+
+
+def run_now(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
+    """A one-off manual occurrence with its own id, delivered through the outbox."""
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        schedule = _locked(schedule_id)
+        if schedule.state == ScheduleState.CANCELED:
+            raise errors.InvalidStateTransition(f"schedule {schedule.id} is canceled")
+        occurrence = Occurrence.objects.create(
+            id=ids.occurrence_id(schedule.id, schedule.version, now),
+            schedule=schedule, schedule_version=schedule.version, tenant_id=schedule.tenant_id,
+            scheduled_for=now, available_at=now, manual=True, reason="run now",
+        )  # fmt: skip
+        OutboxEntry.objects.create(
+            occurrence=occurrence, tenant_id=schedule.tenant_id, shard=schedule.shard,
+            available_at=now, priority=schedule.priority,
+        )  # fmt: skip
+        return occurrence
+
+
+def _locked(schedule_id: uuid.UUID | str) -> Schedule:
+    try:
+        pk = uuid.UUID(str(schedule_id))
+        return Schedule.objects.select_for_update().get(pk=pk)
+    except (Schedule.DoesNotExist, ValueError):
+        raise errors.ScheduleNotFound(f"No schedule with id {schedule_id!s}") from None
+
+
+def _require_state(schedule: Schedule, state: ScheduleState, verb: str) -> None:
+    if schedule.state != state:
+        raise errors.InvalidStateTransition(
+            f"schedule {schedule.id} is {schedule.state}; only a {state} schedule can be {verb}"
+        )
+
+
+def _unchanged(schedule: Schedule) -> LifecycleResult:
+    return LifecycleResult(
+        schedule=schedule, version=schedule.version, state=schedule.state, changed=False
+    )
+
+
+def _invalidate(schedule: Schedule, now: datetime) -> dict[str, Any]:
+    """Cancel unclaimed occurrences of older versions; report the running ones."""
+    stale = Occurrence.objects.filter(
+        schedule=schedule,
+        schedule_version__lt=schedule.version,
+        state__in=[s.value for s in UNCLAIMED],
+        manual=False,
+    )
+    stale_ids = list(stale.values_list("id", flat=True))
+    invalidated = Occurrence.objects.filter(
+        id__in=stale_ids, state__in=[s.value for s in UNCLAIMED]
+    ).update(
+        state=OccurrenceState.CANCELED.value,
+        finished_at=now,
+        reason=f"invalidated by version {schedule.version}",
+    )
+    # Their outbox rows will never be published; close them so the backlog stays honest.
+    OutboxEntry.objects.filter(occurrence_id__in=stale_ids, sent_at__isnull=True).update(
+        sent_at=now, claimed_by="invalidated"
+    )
+    running = list(
+        Occurrence.objects.filter(
+            schedule=schedule, state=OccurrenceState.RUNNING.value
+        ).values_list("id", flat=True)
+    )
+    return {"invalidated": invalidated, "still_running": running}
+
+
+def _earliest_invalidatable(schedule: Schedule) -> datetime | None:
+    first = (
+        Occurrence.objects.filter(
+            schedule=schedule,
+            schedule_version=schedule.version,
+            state__in=[s.value for s in UNCLAIMED],
+            manual=False,
+        )
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+        .first()
+    )
+    return first
+
+
+def _first_run(
+    spec: validation.ScheduleSpec, start_at: datetime | None, now: datetime
+) -> datetime | None:
+    if spec.kind is ScheduleKind.ONE_OFF:
+        return spec.run_at
+    trigger = spec.trigger(anchor=start_at or now)
+    first = trigger.first_at_or_after(max(now, start_at) if start_at else now)
+    if first is not None and spec.end_at is not None and first > spec.end_at:
+        return None
+    return first
+
+
+def _resume_cursor(schedule: Schedule, trigger: Any, now: datetime) -> datetime | None:
+    """Where materialization restarts after a pause, per the misfire policy."""
+    upcoming = trigger.first_at_or_after(now)
+    policy = MisfirePolicy(schedule.misfire_policy)
+    paused_cursor = schedule.next_run_at
+    if paused_cursor is not None and paused_cursor >= now:
+        return paused_cursor  # nothing was missed while paused
+    if policy is MisfirePolicy.SKIP or paused_cursor is None:
+        return upcoming
+    keep = 1 if policy is MisfirePolicy.FIRE_ONCE else max(schedule.catchup_cap, 1)
+    missed: list[datetime] = []
+    instant: datetime | None = paused_cursor
+    cap = max(keep, 1) * 4 + 10_000  # bounded walk; older backlog beyond it is dropped
+    while instant is not None and instant < now and cap > 0:
+        missed.append(instant)
+        instant = trigger.next_after(instant)
+        cap -= 1
+    kept = missed[-keep:]
+    return kept[0] if kept else upcoming
+
+
+def _spec_of(schedule: Schedule) -> validation.ScheduleSpec:
+    return validation.ScheduleSpec(
+        name=schedule.name,
+        task=schedule.task,
+        kind=ScheduleKind(schedule.kind),
+        cron=schedule.cron,
+        timezone=schedule.timezone,
+        interval_seconds=schedule.interval_seconds,
+        run_at=schedule.run_at,
+        args=list(schedule.args or []),
+        kwargs=dict(schedule.kwargs or {}),
+        queue=schedule.queue,
+        priority=schedule.priority,
+        misfire_policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness_seconds=schedule.max_lateness_seconds,
+        catchup_cap=schedule.catchup_cap,
+        overlap_policy=validation.OverlapPolicy(schedule.overlap_policy),
+        flexible_window_seconds=schedule.flexible_window_seconds,
+        concurrency_limit=schedule.concurrency_limit,
+        concurrency_group=schedule.concurrency_group,
+        max_attempts=schedule.max_attempts,
+        deadline_seconds=schedule.deadline_seconds,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
+
+
+def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
+    """The validated spec a stored schedule represents."""
+    return _spec_of(schedule)
+
+
+def _timing_of(spec: validation.ScheduleSpec) -> tuple[Any, ...]:
+    return (spec.kind, spec.cron, spec.timezone, spec.interval_seconds, spec.run_at,
+            spec.start_at, spec.end_at)  # fmt: skip
+
+
+def _open_version(schedule: Schedule, valid_from: datetime) -> None:
+    ScheduleVersion.objects.update_or_create(
+        schedule=schedule,
+        version=schedule.version,
+        defaults={
+            "kind": schedule.kind, "cron": schedule.cron, "timezone": schedule.timezone,
+            "interval_seconds": schedule.interval_seconds, "run_at": schedule.run_at,
+            "start_at": schedule.start_at, "end_at": schedule.end_at,
+            "valid_from": valid_from, "valid_to": None,
+        },
+    )  # fmt: skip
+
+
+def _close_version(schedule: Schedule, at: datetime) -> None:
+    ScheduleVersion.objects.filter(schedule=schedule, valid_to__isnull=True).update(valid_to=at)
+
+
+def _by_idempotency_key(tenant: Tenant, key: str, digest: str) -> Schedule | None:
+    existing = Schedule.objects.filter(tenant=tenant, idempotency_key=key).first()
+    if existing is not None and existing.content_hash != digest:
+        raise errors.IdempotencyConflict(
+            f"idempotency key {key!r} was already used for schedule {existing.id} with "
+            "different content; use a new key or update_schedule()"
+        )
+    return existing
+
+
+def _check_quota(tenant: Tenant) -> None:
+    if tenant.max_schedules is None:
+        return
+    live = Schedule.objects.filter(
+        tenant=tenant, state__in=[ScheduleState.ACTIVE.value, ScheduleState.PAUSED.value]
+    ).count()
+    if live >= tenant.max_schedules:
+        raise errors.QuotaExceeded(
+            f"tenant {tenant.slug!r} already has {live} schedules (max_schedules="
+            f"{tenant.max_schedules})"
+        )

@@ -1,0 +1,359 @@
+"""Turn caller input into a validated :class:`ScheduleSpec`, writing nothing.
+
+Every rejection is a specific ``celery_scheduler.errors.ValidationError`` subclass whose
+``field`` names the argument, so the admin form and the CLI put the message in the right
+place. The database constraints stay the final word; this module exists for precise errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery_scheduler import errors
+from celery_scheduler.core import timemath
+from celery_scheduler.core.enums import MisfirePolicy, OverlapPolicy, ScheduleKind
+from django_app import conf
+
+MAX_INTERVAL = timedelta(days=366)
+MAX_CONCURRENCY_LIMIT = 100_000
+MAX_ATTEMPTS_LIMIT = 1_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    """Everything that defines a schedule's behaviour, validated."""
+
+    name: str
+    task: str
+    kind: ScheduleKind
+    cron: str = ""
+    timezone: str = "UTC"
+    interval_seconds: int | None = None
+    run_at: datetime | None = None
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    queue: str = ""
+    priority: int = 0
+    misfire_policy: MisfirePolicy = MisfirePolicy.SKIP
+    max_lateness_seconds: int = 300
+    catchup_cap: int = 10
+    overlap_policy: OverlapPolicy = OverlapPolicy.ALLOW
+    flexible_window_seconds: int = 0
+    concurrency_limit: int | None = None
+    concurrency_group: str = ""
+    max_attempts: int | None = None
+    deadline_seconds: int | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+
+    def trigger(self, *, anchor: datetime) -> timemath.Trigger:
+        """The time rule of this spec; ``anchor`` starts an interval without a start_at."""
+        if self.kind is ScheduleKind.CRON:
+            return timemath.CronTrigger(expression=self.cron, timezone=self.timezone)
+        if self.kind is ScheduleKind.INTERVAL:
+            assert self.interval_seconds is not None
+            return timemath.IntervalTrigger(
+                every=timedelta(seconds=self.interval_seconds), anchor=self.start_at or anchor
+            )
+        assert self.run_at is not None
+        return timemath.OneOffTrigger(run_at=self.run_at)
+
+    def content_hash(self) -> str:
+        """Stable digest of the spec, to tell a replayed create from a conflicting one."""
+        payload = json.dumps(asdict(self), sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def model_fields(self) -> dict[str, Any]:
+        """The Schedule model columns this spec sets."""
+        values = asdict(self)
+        values["kind"] = self.kind.value
+        values["misfire_policy"] = self.misfire_policy.value
+        values["overlap_policy"] = self.overlap_policy.value
+        return values
+
+
+#: Keyword arguments of create_schedule/update_schedule that map onto a ScheduleSpec.
+INPUT_FIELDS = frozenset(
+    {
+        "name", "task", "cron", "timezone", "interval", "run_at", "args", "kwargs", "queue",
+        "priority", "misfire_policy", "max_lateness", "catchup_cap", "overlap_policy",
+        "flexible_window", "concurrency_limit", "concurrency_group", "max_attempts",
+        "deadline", "start_at", "end_at",
+    }
+)  # fmt: skip
+
+
+def spec_to_input(spec: ScheduleSpec) -> dict[str, Any]:
+    """The create_schedule keyword arguments that would produce ``spec`` (used by update)."""
+    return {
+        "name": spec.name,
+        "task": spec.task,
+        "cron": spec.cron or None,
+        "timezone": spec.timezone,
+        "interval": spec.interval_seconds,
+        "run_at": spec.run_at,
+        "args": spec.args,
+        "kwargs": spec.kwargs,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "misfire_policy": spec.misfire_policy,
+        "max_lateness": spec.max_lateness_seconds,
+        "catchup_cap": spec.catchup_cap,
+        "overlap_policy": spec.overlap_policy,
+        "flexible_window": spec.flexible_window_seconds,
+        "concurrency_limit": spec.concurrency_limit,
+        "concurrency_group": spec.concurrency_group,
+        "max_attempts": spec.max_attempts,
+        "deadline": spec.deadline_seconds,
+        "start_at": spec.start_at,
+        "end_at": spec.end_at,
+    }
+
+
+def validate(*, now: datetime, **values: Any) -> ScheduleSpec:
+    """Validate create/update input (see ``INPUT_FIELDS``) into a spec, or raise."""
+    unknown = sorted(set(values) - INPUT_FIELDS)
+    if unknown:
+        raise errors.ValidationError(
+            f"Unknown schedule field(s) {unknown}; allowed: {sorted(INPUT_FIELDS)}",
+            field=unknown[0],
+        )
+    settings = conf.get()
+    name = _text(values.get("name"), "name", required=True, max_length=200)
+    task = _task_name(values.get("task"), check_registry=settings.validate_task_names)
+    kind, cron, tz_name, interval_seconds, run_at = _trigger_fields(values)
+    start_at = _aware(values.get("start_at"), "start_at")
+    end_at = _aware(values.get("end_at"), "end_at")
+    if start_at and end_at and end_at <= start_at:
+        raise errors.InvalidTiming(
+            f"end_at ({end_at.isoformat()}) must be after start_at ({start_at.isoformat()})",
+            field="end_at",
+        )
+    max_lateness = _seconds(
+        values.get("max_lateness"), "max_lateness",
+        default=settings.default_max_lateness_seconds, low=0,
+        high=settings.max_lateness_limit_seconds,
+    )  # fmt: skip
+    if run_at is not None and (now - run_at).total_seconds() > max_lateness:
+        raise errors.InvalidTiming(
+            f"run_at {run_at.isoformat()} is {int((now - run_at).total_seconds())} s in the "
+            f"past, beyond max_lateness ({max_lateness} s); pick a future time",
+            field="run_at",
+        )
+    misfire = _enum(MisfirePolicy, values.get("misfire_policy"), "misfire_policy")
+    catchup_cap = _int(
+        values.get("catchup_cap"), "catchup_cap",
+        default=settings.default_catchup_cap, low=0, high=settings.max_catchup_cap,
+    )  # fmt: skip
+    if misfire is MisfirePolicy.CATCH_UP and catchup_cap < 1:
+        raise errors.InvalidPolicy("CATCH_UP needs catchup_cap >= 1", field="catchup_cap")
+    spec = ScheduleSpec(
+        name=name,
+        task=task,
+        kind=kind,
+        cron=cron,
+        timezone=tz_name,
+        interval_seconds=interval_seconds,
+        run_at=run_at,
+        args=_args(values.get("args")),
+        kwargs=_kwargs(values.get("kwargs")),
+        queue=_text(values.get("queue"), "queue", max_length=200),
+        priority=_int(values.get("priority"), "priority", default=0, low=0, high=255),
+        misfire_policy=misfire,
+        max_lateness_seconds=max_lateness,
+        catchup_cap=catchup_cap,
+        overlap_policy=_enum(OverlapPolicy, values.get("overlap_policy"), "overlap_policy"),
+        flexible_window_seconds=_seconds(
+            values.get("flexible_window"),
+            "flexible_window",
+            default=0,
+            low=0,
+            high=settings.max_flexible_window_seconds,
+        ),
+        concurrency_limit=_optional_int(
+            values.get("concurrency_limit"), "concurrency_limit", 1, MAX_CONCURRENCY_LIMIT
+        ),
+        concurrency_group=_text(values.get("concurrency_group"), "concurrency_group", 200),
+        max_attempts=_optional_int(values.get("max_attempts"), "max_attempts", 1, 1000),
+        deadline_seconds=_optional_seconds(values.get("deadline"), "deadline"),
+        start_at=start_at,
+        end_at=end_at,
+    )
+    trigger = spec.trigger(anchor=now)
+    first = trigger.first_at_or_after(max(now, start_at) if start_at else now)
+    if kind is not ScheduleKind.ONE_OFF and (first is None or (end_at and first > end_at)):
+        raise errors.InvalidTiming(
+            "the schedule never fires between start_at and end_at", field="end_at"
+        )
+    return spec
+
+
+def _trigger_fields(
+    values: dict[str, Any],
+) -> tuple[ScheduleKind, str, str, int | None, datetime | None]:
+    cron, interval, run_at = values.get("cron"), values.get("interval"), values.get("run_at")
+    given = [n for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at)) if v]
+    if len(given) != 1:
+        raise errors.InvalidTiming(
+            "give exactly one of cron, interval or run_at"
+            + (f" (got {', '.join(given)})" if given else ""),
+            field=given[1] if len(given) > 1 else "cron",
+        )
+    tz_raw = values.get("timezone") or "UTC"
+    if not isinstance(tz_raw, str):
+        tz_raw = str(tz_raw)  # a ZoneInfo instance renders as its key
+    timemath.parse_timezone(tz_raw)
+    if cron:
+        if not isinstance(cron, str):
+            raise errors.InvalidCronExpression(f"cron must be a string, got {cron!r}")
+        expression = " ".join(cron.split())
+        timemath.CronTrigger(expression=expression, timezone=tz_raw)  # raises precisely
+        return ScheduleKind.CRON, expression, tz_raw, None, None
+    if interval:
+        seconds = _seconds(interval, "interval", default=0, low=1, high=None)
+        if seconds > MAX_INTERVAL.total_seconds():
+            raise errors.InvalidTiming(
+                f"interval {seconds} s is longer than {MAX_INTERVAL.days} days; use a cron",
+                field="interval",
+            )
+        return ScheduleKind.INTERVAL, "", tz_raw, seconds, None
+    return ScheduleKind.ONE_OFF, "", tz_raw, None, _aware(run_at, "run_at")
+
+
+def _task_name(value: Any, *, check_registry: bool) -> str:
+    name = _text(value, "task", required=True, max_length=200)
+    if check_registry:
+        registered = registered_task_names()
+        if name not in registered:
+            import difflib
+
+            close = difflib.get_close_matches(name, registered, n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise errors.UnknownTask(
+                f"Task {name!r} is not registered in the Celery app.{hint}", field="task"
+            )
+    return name
+
+
+def registered_task_names() -> list[str]:
+    """Names of the tasks the current Celery app knows (after task autodiscovery)."""
+    from celery import current_app
+
+    current_app.loader.import_default_modules()
+    return sorted(n for n in current_app.tasks if not n.startswith("celery."))
+
+
+def _text(value: Any, name: str, max_length: int = 200, *, required: bool = False) -> str:
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        raise errors.ValidationError(f"{name} must be a string, got {value!r}", field=name)
+    value = value.strip()
+    if required and not value:
+        raise errors.ValidationError(f"{name} is required", field=name)
+    if len(value) > max_length:
+        raise errors.ValidationError(
+            f"{name} is {len(value)} characters long; at most {max_length}", field=name
+        )
+    return value
+
+
+def _aware(value: Any, name: str) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise errors.InvalidTiming(
+                f"{name} {value!r} is not an ISO 8601 date-time", field=name
+            ) from None
+    if not isinstance(value, datetime):
+        raise errors.InvalidTiming(f"{name} must be a datetime, got {value!r}", field=name)
+    if value.tzinfo is None:
+        raise errors.InvalidTiming(
+            f"{name} {value.isoformat()} has no time zone; pass an aware datetime", field=name
+        )
+    return value
+
+
+def _int(value: Any, name: str, *, default: int, low: int, high: int | None) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise errors.InvalidPolicy(f"{name} must be an integer, got {value!r}", field=name)
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise errors.InvalidPolicy(f"{name} must be {bound}, got {value}", field=name)
+    return value
+
+
+def _optional_int(value: Any, name: str, low: int, high: int) -> int | None:
+    return None if value is None else _int(value, name, default=0, low=low, high=high)
+
+
+def _seconds(value: Any, name: str, *, default: int, low: int, high: int | None) -> int:
+    if isinstance(value, timedelta):
+        total = value.total_seconds()
+        if total != int(total):
+            raise errors.InvalidPolicy(f"{name} must be whole seconds, got {value}", field=name)
+        value = int(total)
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _int(value, name, default=default, low=low, high=high)
+
+
+def _optional_seconds(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    return _seconds(value, name, default=0, low=1, high=366 * 24 * 3600)
+
+
+def _enum(enum: Any, value: Any, name: str) -> Any:
+    if value is None:
+        return next(iter(enum))
+    try:
+        return enum(value.upper() if isinstance(value, str) else value)
+    except ValueError:
+        choices = ", ".join(m.value for m in enum)
+        raise errors.InvalidPolicy(
+            f"{name} {value!r} is not one of {choices}", field=name
+        ) from None
+
+
+def _json_ok(value: Any, name: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidArguments(
+            f"{name} must be JSON-serialisable: {exc}", field=name
+        ) from None
+
+
+def _args(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        raise errors.InvalidArguments(
+            f"args must be a list, got the string {value!r} (decode JSON first)", field="args"
+        )
+    if not isinstance(value, list | tuple):
+        raise errors.InvalidArguments(f"args must be a list, got {value!r}", field="args")
+    _json_ok(list(value), "args")
+    return list(value)
+
+
+def _kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise errors.InvalidArguments(f"kwargs must be an object, got {value!r}", field="kwargs")
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise errors.InvalidArguments(f"kwargs keys must be strings, got {bad!r}", field="kwargs")
+    _json_ok(value, "kwargs")
+    return dict(value)
