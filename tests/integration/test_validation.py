@@ -1,0 +1,91 @@
+"""Bad input gets a specific error naming the field, and nothing is written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from celery_scheduler import api, errors
+from celery_scheduler.core.clock import FrozenClock
+from django_app.models import Schedule, ScheduleVersion, Tenant
+
+pytestmark = pytest.mark.django_db
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+BASE: dict[str, Any] = {"name": "n", "task": "billing.ping", "cron": "* * * * *"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "field", "message"),
+    [
+        ({"cron": "61 * * * *"}, errors.InvalidCronExpression, "cron", "minute"),
+        ({"cron": "* * * *"}, errors.InvalidCronExpression, "cron", "expected five"),
+        ({"cron": "0 0 30 2 *"}, errors.CronNeverFires, "cron", "never fires"),
+        ({"timezone": "Europe/Berln"}, errors.UnknownTimeZone, "timezone", "Europe/Berlin"),
+        ({"task": "billing.pong"}, errors.UnknownTask, "task", "billing.ping"),
+        ({"task": ""}, errors.ValidationError, "task", "required"),
+        ({"args": "[1]"}, errors.InvalidArguments, "args", "list"),
+        ({"args": [{1, 2}]}, errors.InvalidArguments, "args", "JSON"),
+        ({"kwargs": [1]}, errors.InvalidArguments, "kwargs", "object"),
+        ({"kwargs": {"x": float("nan")}}, errors.InvalidArguments, "kwargs", "JSON"),
+        ({"misfire_policy": "SOMETIMES"}, errors.InvalidPolicy, "misfire_policy", "CATCH_UP"),
+        ({"overlap_policy": "REPLACE"}, errors.InvalidPolicy, "overlap_policy", "QUEUE_ONE"),
+        ({"flexible_window": -5}, errors.InvalidPolicy, "flexible_window", "between"),
+        ({"flexible_window": 10**9}, errors.InvalidPolicy, "flexible_window", "between"),
+        ({"catchup_cap": -1}, errors.InvalidPolicy, "catchup_cap", "between"),
+        ({"catchup_cap": 10**7}, errors.InvalidPolicy, "catchup_cap", "between"),
+        (
+            {"misfire_policy": "CATCH_UP", "catchup_cap": 0},
+            errors.InvalidPolicy,
+            "catchup_cap",
+            ">= 1",
+        ),
+        ({"max_lateness": -1}, errors.InvalidPolicy, "max_lateness", "between"),
+        ({"concurrency_limit": 0}, errors.InvalidPolicy, "concurrency_limit", "between"),
+        ({"max_attempts": 0}, errors.InvalidPolicy, "max_attempts", "between"),
+        ({"interval": 30}, errors.InvalidTiming, "interval", "exactly one"),
+        ({"cron": None}, errors.InvalidTiming, "cron", "exactly one"),
+        (
+            {"cron": None, "run_at": NOW - timedelta(hours=2)},
+            errors.InvalidTiming,
+            "run_at",
+            "past",
+        ),
+        (
+            {"cron": None, "run_at": datetime(2026, 3, 2, 12, 0)},  # noqa: DTZ001
+            errors.InvalidTiming,
+            "run_at",
+            "time zone",
+        ),
+        (
+            {"start_at": NOW + timedelta(days=2), "end_at": NOW + timedelta(days=1)},
+            errors.InvalidTiming,
+            "end_at",
+            "after start_at",
+        ),
+        (
+            {"cron": "0 0 1 1 *", "end_at": NOW + timedelta(days=2)},
+            errors.InvalidTiming,
+            "end_at",
+            "never fires",
+        ),
+        ({"tenant": "nobody"}, errors.ValidationError, "tenant", "Unknown tenant"),
+    ],
+)
+def test_rejected_with_precise_error_and_nothing_written(
+    overrides: dict[str, Any], error: type[Exception], field: str, message: str
+) -> None:
+    values = {**BASE, **overrides}
+    with pytest.raises(error, match=message) as info:
+        api.create_schedule(clock=FrozenClock(NOW), **values)
+    assert getattr(info.value, "field", None) == field
+    assert Schedule.objects.count() == 0
+    assert ScheduleVersion.objects.count() == 0
+    assert not Tenant.objects.exclude(slug="default").exists()
+
+
+def test_every_validation_error_is_a_scheduler_error() -> None:
+    assert issubclass(errors.InvalidCronExpression, errors.SchedulerError)
+    assert issubclass(errors.UnknownTimeZone, ValueError)
