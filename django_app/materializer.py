@@ -1,0 +1,339 @@
+"""Materialize due schedules into occurrences and outbox rows, one transaction per schedule.
+
+The database decides who materialized what: occurrence ids are deterministic, inserts use
+``INSERT ... ON CONFLICT DO NOTHING RETURNING id`` (a conflict means another node already did
+it), and the cursor moves only by a conditional UPDATE on the version and cursor that were
+read. Any number of nodes may run this at once; the worst a race costs is a rolled-back
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Model, Q
+
+from celery_scheduler.core import ids
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
+from celery_scheduler.core.policies import PassPlan, plan_pass
+from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.faults import fault_point
+from django_app import conf
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease
+
+logger = logging.getLogger(__name__)
+
+#: Rows per multi-row INSERT; 40 rows x ~22 columns stays under SQLite's 999 parameters.
+_INSERT_CHUNK = 40
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaterializeReport:
+    """Counts from one :func:`materialize_due` call.
+
+    ``occurrences_created``: firing occurrences (with an outbox row) this call committed.
+    ``conflicts``: occurrence inserts that hit an existing key (another node made it),
+    counted even when the transaction later rolled back. ``missed``: MISSED rows committed.
+    ``completed``: schedules moved to COMPLETED. ``stale_cursor``: transactions rolled back
+    because the schedule's version, cursor or state changed since it was read.
+    ``fenced``: transactions rolled back because the shard lease's fencing token moved on
+    (the rest of that shard is skipped). ``history_jumped``: schedules whose oldest late
+    fire times were passed over without a row each (more than ``max_missed_per_pass``).
+    """
+
+    schedules_seen: int = 0
+    occurrences_created: int = 0
+    conflicts: int = 0
+    missed: int = 0
+    completed: int = 0
+    stale_cursor: int = 0
+    fenced: int = 0
+    history_jumped: int = 0
+
+    def __add__(self, other: MaterializeReport) -> MaterializeReport:
+        return MaterializeReport(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+
+class _Rollback(SchedulerError):
+    """Internal: abort the schedule's transaction (stale cursor or lost fencing)."""
+
+    def __init__(self, kind: str, conflicts: int) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.conflicts = conflicts
+
+
+def trigger_for(schedule: Any, *, created_at: datetime | None = None) -> Trigger:
+    """The trigger of a Schedule (or ScheduleVersion: anything with the timing fields).
+
+    CRON -> ``CronTrigger(cron, timezone)``; INTERVAL -> ``IntervalTrigger(every, anchor=
+    start_at or created_at)``; ONE_OFF -> ``OneOffTrigger(run_at)``. Pass ``created_at`` for
+    objects without one (a ScheduleVersion uses its schedule's).
+    """
+    kind = ScheduleKind(schedule.kind)
+    if kind is ScheduleKind.CRON:
+        return CronTrigger(expression=schedule.cron, timezone=schedule.timezone or "UTC")
+    if kind is ScheduleKind.INTERVAL:
+        anchor = schedule.start_at or created_at or schedule.created_at
+        return IntervalTrigger(every=timedelta(seconds=schedule.interval_seconds), anchor=anchor)
+    return OneOffTrigger(run_at=schedule.run_at)
+
+
+def materialize_due(
+    *,
+    clock: Clock,
+    shards: Collection[int] | None = None,
+    shard_fencing: Mapping[int, int] | None = None,
+    horizon: timedelta | None = None,
+    batch_size: int | None = None,
+    node: str = "",
+) -> MaterializeReport:
+    """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``.
+
+    See the module docstring and :func:`_materialize_one` for the per-schedule contract.
+    ``shards`` limits the scan (default: every shard, or the keys of ``shard_fencing``);
+    ``shard_fencing`` maps shard -> fencing token, and each transaction for such a shard
+    commits only if the ShardLease row still carries that token.
+    """
+    cfg = conf.get()
+    horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
+    batch_size = batch_size or cfg.batch_size
+    fencing = dict(shard_fencing or {})
+    if shards is None and fencing:
+        shards = list(fencing)
+    now = clock.now()
+    until = now + horizon
+    due = Schedule.objects.filter(
+        state=ScheduleState.ACTIVE.value, next_run_at__isnull=False, next_run_at__lte=until
+    )
+    if shards is not None:
+        due = due.filter(shard__in=list(shards))
+    due = due.select_related("tenant").order_by("next_run_at", "id")
+    report = MaterializeReport()
+    releases: dict[int, datetime] = {}
+    lost: set[int] = set()
+    last: tuple[datetime, uuid.UUID] | None = None
+    while True:
+        page = due
+        if last is not None:
+            page = due.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
+        batch = list(page[:batch_size])
+        for schedule in batch:
+            if schedule.shard in lost:
+                continue
+            one = _materialize_one(
+                schedule,
+                now=now,
+                until=until,
+                fencing_token=fencing.get(schedule.shard),
+                releases=releases,
+                max_missed=cfg.max_missed_per_pass,
+            )
+            if one.fenced:
+                lost.add(schedule.shard)
+            report += one
+        if len(batch) < batch_size:
+            break
+        assert batch[-1].next_run_at is not None
+        last = (batch[-1].next_run_at, batch[-1].id)
+    if report.stale_cursor or report.fenced or report.history_jumped:
+        logger.info("materialize node=%s %s", node, report)
+    return report
+
+
+def _materialize_one(
+    schedule: Schedule,
+    *,
+    now: datetime,
+    until: datetime,
+    fencing_token: int | None,
+    releases: dict[int, datetime],
+    max_missed: int,
+) -> MaterializeReport:
+    """One transaction for one due schedule; returns its counts.
+
+    Inside the transaction, in this order: the fencing check (if a token is given: a no-op
+    ``UPDATE shard_lease ... WHERE shard=.. AND fencing_token=..`` that must match one row
+    and holds the lease row lock until commit, so a new owner's token bump waits for us);
+    fault point ``materialize.before_insert``; the firing occurrences and the MISSED ones,
+    each ``ON CONFLICT DO NOTHING``; one outbox row per firing occurrence this transaction
+    created; then ``UPDATE schedule SET next_run_at=<new> [, state=COMPLETED] WHERE id=..
+    AND version=<read> AND next_run_at=<read> AND state='ACTIVE'``. If that matches no row
+    the whole transaction rolls back (a stale node never moves the cursor back nor writes
+    occurrences of an old version). After commit: fault point ``materialize.after_commit``.
+    """
+    cursor = schedule.next_run_at
+    assert cursor is not None
+    plan = plan_pass(
+        trigger_for(schedule),
+        cursor,
+        now=now,
+        until=until,
+        policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
+        catchup_cap=schedule.catchup_cap,
+        max_missed=max_missed,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
+    if not plan.fire and not plan.missed and plan.next_cursor == cursor:
+        return MaterializeReport(schedules_seen=1)
+    conflicts = 0
+    try:
+        with transaction.atomic():
+            if fencing_token is not None:
+                _check_fence(schedule.shard, fencing_token)
+            fault_point("materialize.before_insert")
+            fire_rows = _fire_rows(schedule, plan, now=now, releases=releases)
+            created = _insert_ignore(Occurrence, fire_rows)
+            missed_rows = _missed_rows(schedule, plan, now=now)
+            created_missed = _insert_ignore(Occurrence, missed_rows)
+            conflicts = len(fire_rows) + len(missed_rows) - len(created) - len(created_missed)
+            OutboxEntry.objects.bulk_create(
+                OutboxEntry(
+                    occurrence_id=row["id"],
+                    tenant_id=schedule.tenant_id,
+                    shard=schedule.shard,
+                    available_at=row["available_at"],
+                    priority=schedule.priority,
+                )
+                for row in fire_rows
+                if row["id"] in created
+            )
+            done = plan.next_cursor is None
+            moved = Schedule.objects.filter(
+                id=schedule.id,
+                version=schedule.version,
+                next_run_at=cursor,
+                state=ScheduleState.ACTIVE.value,
+            ).update(
+                next_run_at=plan.next_cursor,
+                state=(ScheduleState.COMPLETED if done else ScheduleState.ACTIVE).value,
+                updated_at=now,
+            )
+            if moved != 1:
+                raise _Rollback("stale_cursor", conflicts)
+    except _Rollback as rollback:
+        return MaterializeReport(
+            schedules_seen=1,
+            conflicts=rollback.conflicts,
+            stale_cursor=int(rollback.kind == "stale_cursor"),
+            fenced=int(rollback.kind == "fenced"),
+        )
+    fault_point("materialize.after_commit")
+    if plan.jumped is not None:
+        logger.warning(
+            "schedule %s: late fire times in [%s, %s) passed over without MISSED rows",
+            schedule.id,
+            plan.jumped[0].isoformat(),
+            plan.jumped[1].isoformat(),
+        )
+    return MaterializeReport(
+        schedules_seen=1,
+        occurrences_created=len(created),
+        conflicts=conflicts,
+        missed=len(created_missed),
+        completed=int(done),
+        history_jumped=int(plan.jumped is not None),
+    )
+
+
+def _check_fence(shard: int, token: int) -> None:
+    if not ShardLease.objects.filter(shard=shard, fencing_token=token).update(fencing_token=token):
+        raise _Rollback("fenced", 0)
+
+
+def _base_row(schedule: Schedule, t: datetime, *, now: datetime) -> dict[str, Any]:
+    return {
+        "id": ids.occurrence_id(schedule.id, schedule.version, t),
+        "schedule_id": schedule.id,
+        "schedule_version": schedule.version,
+        "tenant_id": schedule.tenant_id,
+        "scheduled_for": t,
+        "created_at": now,
+    }
+
+
+def _fire_rows(
+    schedule: Schedule, plan: PassPlan, *, now: datetime, releases: dict[int, datetime]
+) -> list[dict[str, Any]]:
+    rate = schedule.tenant.catchup_rate
+    if schedule.misfire_policy != MisfirePolicy.CATCH_UP.value:
+        rate = None
+    rows = []
+    for t in plan.fire:
+        row = _base_row(schedule, t, now=now)
+        at = ids.available_at(row["id"], t, schedule.flexible_window_seconds)
+        if rate and t in plan.late:
+            # The tenant's catch-up rate: late occurrences are released one per 60/rate s,
+            # shared by all of the tenant's schedules in this call.
+            slot = max(releases.get(schedule.tenant_id, now), now)
+            releases[schedule.tenant_id] = slot + timedelta(seconds=60 / rate)
+            at = max(at, slot)
+        row.update(available_at=at, state=OccurrenceState.SCHEDULED.value)
+        rows.append(row)
+    return rows
+
+
+def _missed_rows(schedule: Schedule, plan: PassPlan, *, now: datetime) -> list[dict[str, Any]]:
+    policy = schedule.misfire_policy
+    lateness = schedule.max_lateness_seconds
+    rows = []
+    for t in plan.missed:
+        row = _base_row(schedule, t, now=now)
+        late_by = int((now - t).total_seconds())
+        row.update(
+            available_at=t,
+            state=OccurrenceState.MISSED.value,
+            finished_at=now,
+            reason=f"misfire {policy}: {late_by}s late (max lateness {lateness}s)",
+        )
+        rows.append(row)
+    return rows
+
+
+def _insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
+    """Insert rows, skipping any that hit a unique constraint; return the pks inserted.
+
+    One statement per chunk: ``INSERT ... ON CONFLICT DO NOTHING RETURNING pk`` (PostgreSQL,
+    and SQLite >= 3.35). A conflict never raises, so it cannot abort the transaction.
+    """
+    if not rows:
+        return set()
+    meta = model._meta
+    columns = list(meta.concrete_fields)
+    pk = meta.pk
+    assert pk is not None
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(str(f.column)) for f in columns)
+    created: set[Any] = set()
+    for start in range(0, len(rows), _INSERT_CHUNK):
+        chunk = rows[start : start + _INSERT_CHUNK]
+        params: list[Any] = []
+        for row in chunk:
+            params.extend(_db_value(field, row) for field in columns)
+        one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        sql = (
+            f"INSERT INTO {quote(meta.db_table)} ({names}) "
+            f"VALUES {', '.join([one] * len(chunk))} "
+            f"ON CONFLICT DO NOTHING RETURNING {quote(str(pk.column))}"
+        )
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            created.update(pk.to_python(value) for (value,) in cur.fetchall())
+    return created
+
+
+def _db_value(field: Any, row: Mapping[str, Any]) -> Any:
+    value = row[field.attname] if field.attname in row else field.get_default()
+    return field.get_db_prep_save(value, connection)
