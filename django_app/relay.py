@@ -1,0 +1,377 @@
+"""Relay: publish due outbox rows to the broker, then mark them sent. Never the other way round.
+
+One transaction per batch, in this order:
+
+1. take the batch: on PostgreSQL ``SELECT ... FOR UPDATE SKIP LOCKED`` on the outbox (each
+   relay gets disjoint rows, nobody waits); on databases without SKIP LOCKED a conditional
+   ``UPDATE outbox SET claimed_by=<token>`` (which on SQLite also takes the write lock, so the
+   batch is serialised with every other writer);
+2. lock the occurrence rows (``FOR UPDATE SKIP LOCKED``: a row a worker or a lifecycle call
+   holds right now is left for the next pass, so the relay never waits in a lock cycle);
+3. re-read the schedules and drop what must not be published: an occurrence no longer
+   SCHEDULED/ENQUEUED/RETRY_WAIT, or one of an old schedule version (-> CANCELED); its outbox
+   row is closed without publishing;
+4. publish the rest; fault points ``relay.after_publish`` and ``relay.before_mark``;
+5. ``UPDATE outbox SET sent_at, publish_count+1 WHERE id IN .. AND sent_at IS NULL`` and
+   ``UPDATE occurrence SET state=ENQUEUED, enqueued_at=COALESCE(enqueued_at, now) WHERE id IN
+   .. AND state IN (SCHEDULED, ENQUEUED, RETRY_WAIT)``; commit.
+
+Holding the occurrence locks across the publish is what makes "no old-version occurrence is
+published after an update or cancel committed" true: the lifecycle's invalidating UPDATE
+blocks on those locks until this batch commits, and once it has committed, step 3 sees the
+CANCELED state. A crash between 4 and 5 rolls the marks back: the same occurrence ids are
+published again later (at-least-once by design; the task id makes duplicates recognisable).
+
+:class:`LookaheadRelay` adds the in-memory dispatcher: rows due within ``lookahead`` are
+claimed durably (``claimed_by``/``claim_expires_at``) and published at their ``available_at``
+instead of at the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+from django.db.models import F, Q, QuerySet, Value
+from django.db.models.functions import Coalesce
+
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.dispatcher import Dispatcher
+from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.faults import fault_point
+from celery_scheduler.publishers import OccurrenceMessage, Publisher
+from django_app import conf
+from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+
+logger = logging.getLogger(__name__)
+
+#: States in which an occurrence may (still) be handed to the broker.
+PUBLISHABLE = frozenset(
+    {OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED, OccurrenceState.RETRY_WAIT}
+)
+_PUBLISHABLE_VALUES = [s.value for s in PUBLISHABLE]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayReport:
+    """Counts from one relay call.
+
+    ``claimed``: outbox rows taken into a publishing transaction. ``published``: messages
+    the broker accepted. ``marked``: outbox rows marked sent after publishing. ``dropped``:
+    rows closed without publishing because the occurrence was no longer publishable
+    (``invalidated`` of them were CANCELED here for an old schedule version).
+    ``locked``: rows left for a later pass because their occurrence row was locked.
+    ``held``: rows claimed ahead into the dispatcher. ``released``: held claims given back.
+    """
+
+    claimed: int = 0
+    published: int = 0
+    marked: int = 0
+    dropped: int = 0
+    invalidated: int = 0
+    locked: int = 0
+    held: int = 0
+    released: int = 0
+
+    def __add__(self, other: RelayReport) -> RelayReport:
+        return RelayReport(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+
+def _skip_locked() -> bool:
+    return bool(connection.features.has_select_for_update_skip_locked)
+
+
+def _claim_free(now: datetime, token: str) -> Q:
+    """Rows nobody else holds: unclaimed, claimed by ``token``, or whose claim expired.
+
+    ``claimed_by`` stays on a sent row (who sent it) while its expiry is cleared, so a row
+    the worker side re-opens for a retry (``sent_at = NULL``) is free again at once.
+    """
+    return (
+        Q(claimed_by="")
+        | Q(claimed_by=token)
+        | Q(claim_expires_at__isnull=True)
+        | Q(claim_expires_at__lt=now)
+    )
+
+
+def _due_rows(
+    now: datetime, token: str, shards: Collection[int] | None, until: datetime | None = None
+) -> QuerySet[OutboxEntry]:
+    rows = OutboxEntry.objects.filter(sent_at__isnull=True, available_at__lte=until or now)
+    rows = rows.filter(_claim_free(now, token))
+    if shards is not None:
+        rows = rows.filter(shard__in=list(shards))
+    return rows.order_by("available_at", "-priority", "id")
+
+
+def _new_token(node: str) -> str:
+    return f"{node or 'relay'}/{uuid.uuid4().hex[:12]}"
+
+
+def relay_due(
+    *,
+    clock: Clock,
+    publisher: Publisher,
+    shards: Collection[int] | None = None,
+    shard_fencing: Mapping[int, int] | None = None,
+    limit: int | None = None,
+    node: str = "",
+) -> RelayReport:
+    """Publish every outbox row with ``available_at <= now`` (at most ``limit``), in batches.
+
+    ``shards`` (or the keys of ``shard_fencing``) limits the scan. Unlike the materializer
+    the relay needs no fencing for correctness (any node may publish any row: the
+    conditional mark and the occurrence id make a repeat harmless), so the tokens are not
+    checked. ``node`` is this relay's claim token: rows it claimed ahead (see
+    :class:`LookaheadRelay`) count as its own. Raises
+    :class:`celery_scheduler.errors.CoordinationUnavailable` when the broker refuses a
+    batch (that batch stays unsent) and lets database errors propagate.
+    """
+    if shards is None and shard_fencing:
+        shards = list(shard_fencing)
+    batch_size = conf.get().batch_size
+    token = node or _new_token(node)
+    report = RelayReport()
+    while limit is None or report.claimed < limit:
+        size = batch_size if limit is None else min(batch_size, limit - report.claimed)
+        now = clock.now()
+        one = _relay_batch(_due_rows(now, token, shards), size, clock, publisher, token)
+        report += one
+        if one.claimed < size or one.claimed == one.locked:
+            break
+    return report
+
+
+def _relay_batch(
+    candidates: QuerySet[OutboxEntry], size: int, clock: Clock, publisher: Publisher, token: str
+) -> RelayReport:
+    """One transaction: take up to ``size`` rows, check, publish, mark (module docstring)."""
+    now = clock.now()
+    with transaction.atomic():
+        if _skip_locked():
+            rows = list(candidates.select_for_update(skip_locked=True, of=("self",))[:size])
+        else:
+            ids = list(candidates.values_list("id", flat=True)[:size])
+            lease = timedelta(seconds=conf.get().lease_seconds)
+            OutboxEntry.objects.filter(
+                _claim_free(now, token), id__in=ids, sent_at__isnull=True
+            ).update(claimed_by=token, claim_expires_at=now + lease)
+            rows = list(OutboxEntry.objects.filter(id__in=ids, claimed_by=token, sent_at=None))
+        if not rows:
+            return RelayReport()
+        return _publish_rows(rows, clock, publisher)
+
+
+def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -> RelayReport:
+    """Steps 2-5 for rows the caller holds; must run inside the batch's transaction."""
+    now = clock.now()
+    occurrences = Occurrence.objects.filter(id__in=[r.occurrence_id for r in rows])
+    if _skip_locked():
+        occurrences = occurrences.select_for_update(skip_locked=True)
+    by_id = {o.id: o for o in occurrences}
+    # A fresh statement after the locks: sees every lifecycle change committed before them.
+    schedules = Schedule.objects.in_bulk({o.schedule_id for o in by_id.values()})
+    tenants = dict(
+        Tenant.objects.filter(id__in={o.tenant_id for o in by_id.values()}).values_list(
+            "id", "slug"
+        )
+    )
+    to_send: list[tuple[OutboxEntry, OccurrenceMessage]] = []
+    drop: list[int] = []
+    stale: list[uuid.UUID] = []
+    for row in rows:
+        occurrence = by_id.get(row.occurrence_id)
+        if occurrence is None:
+            continue  # locked by a worker or a lifecycle call right now: next pass
+        schedule = schedules[occurrence.schedule_id]
+        if occurrence.state not in _PUBLISHABLE_VALUES:
+            drop.append(row.id)
+        elif schedule.version != occurrence.schedule_version and not occurrence.manual:
+            # The lifecycle cancels these in the version-bumping transaction; this is the
+            # backstop for any row that escaped it (and never publishes an old version).
+            drop.append(row.id)
+            stale.append(occurrence.id)
+        else:
+            message = OccurrenceMessage.from_occurrence(
+                occurrence, schedule, tenant=tenants.get(occurrence.tenant_id, "")
+            )
+            to_send.append((row, message))
+    invalidated = 0
+    if stale:
+        invalidated = Occurrence.objects.filter(id__in=stale, state__in=_PUBLISHABLE_VALUES).update(
+            state=OccurrenceState.CANCELED.value,
+            finished_at=now,
+            reason="invalidated: schedule version changed before publishing",
+        )
+    if drop:
+        OutboxEntry.objects.filter(id__in=drop, sent_at__isnull=True).update(
+            sent_at=now, claimed_by="dropped", claim_expires_at=None
+        )
+    marked = 0
+    if to_send:
+        publisher.publish([message for _, message in to_send])
+        fault_point("relay.after_publish")
+        fault_point("relay.before_mark")
+        sent_at = clock.now()
+        marked = OutboxEntry.objects.filter(
+            id__in=[row.id for row, _ in to_send], sent_at__isnull=True
+        ).update(sent_at=sent_at, publish_count=F("publish_count") + 1, claim_expires_at=None)
+        Occurrence.objects.filter(
+            id__in=[row.occurrence_id for row, _ in to_send], state__in=_PUBLISHABLE_VALUES
+        ).update(
+            state=OccurrenceState.ENQUEUED.value,
+            enqueued_at=Coalesce(F("enqueued_at"), Value(sent_at)),
+        )
+    return RelayReport(
+        claimed=len(rows),
+        published=len(to_send),
+        marked=marked,
+        dropped=len(drop),
+        invalidated=invalidated,
+        locked=len(rows) - len(to_send) - len(drop),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    outbox_id: int
+    available_at: datetime
+
+
+class LookaheadRelay:
+    """A relay that claims rows due within ``lookahead`` and publishes each at its time.
+
+    Driven by the caller's loop (the beat): :meth:`step` publishes held rows that became
+    due, relays anything already due that nobody holds, and claims the next window;
+    :meth:`next_due_at` says when the next held row is due, so the caller sleeps exactly
+    that long. Claims are durable (``claimed_by`` = this relay's token, expiring after
+    ``lease_seconds``): a relay that dies loses nothing, its rows become claimable again
+    when the claim expires. :meth:`close` gives back the claims of rows still held.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        publisher: Publisher,
+        node: str = "",
+        lookahead: timedelta = timedelta(seconds=3),
+        shards: Collection[int] | None = None,
+        max_held: int = 10_000,
+    ) -> None:
+        self.clock = clock
+        self.publisher = publisher
+        self.token = _new_token(node)
+        self.lookahead = lookahead
+        self.shards = shards
+        self.max_held = max_held
+        self.dispatcher: Dispatcher[_Held] = Dispatcher(clock=clock, max_pending=max_held)
+
+    def next_due_at(self) -> datetime | None:
+        return self.dispatcher.next_due_at()
+
+    def step(self) -> RelayReport:
+        """Publish due held rows, relay unheld due rows, then claim the next window."""
+        return self.publish_held() + self.poll()
+
+    def publish_held(self) -> RelayReport:
+        """Publish the held rows whose ``available_at`` has passed."""
+        report = RelayReport()
+        batch_size = conf.get().batch_size
+        while due := self.dispatcher.pop_due(self.clock.now(), limit=batch_size):
+            ids = [held.outbox_id for held in due]
+            try:
+                one = self._publish_held_batch(ids)
+            except BaseException:
+                # Give the claims back so the next poll (here or elsewhere) retries them now
+                # rather than after the claim expires.
+                self._release_quietly(ids)
+                raise
+            report += one
+            if one.locked:
+                report += RelayReport(released=self._release(ids))
+        return report
+
+    def poll(self) -> RelayReport:
+        """Relay rows already due that nobody holds, then claim rows of the next window."""
+        report = relay_due(
+            clock=self.clock, publisher=self.publisher, shards=self.shards, node=self.token
+        )
+        return report + self._claim_ahead()
+
+    def close(self) -> int:
+        """Stop holding: release every held claim; returns how many rows were released."""
+        pending = self.dispatcher.close(wait=False)
+        return self._release(held.outbox_id for held in pending)
+
+    def _publish_held_batch(self, ids: list[int]) -> RelayReport:
+        now = self.clock.now()
+        with transaction.atomic():
+            rows_qs = OutboxEntry.objects.filter(id__in=ids, sent_at__isnull=True).filter(
+                _claim_free(now, self.token)
+            )
+            if _skip_locked():
+                rows_qs = rows_qs.select_for_update(skip_locked=True, of=("self",))
+            else:
+                # Takes SQLite's write lock before reading, like the polling path does.
+                rows_qs.update(claimed_by=self.token)
+            rows = list(rows_qs.order_by("available_at", "-priority", "id"))
+            if not rows:
+                return RelayReport()
+            return _publish_rows(rows, self.clock, self.publisher)
+
+    def _claim_ahead(self) -> RelayReport:
+        room = self.max_held - len(self.dispatcher)
+        if room <= 0:
+            return RelayReport()
+        now = self.clock.now()
+        size = min(room, conf.get().batch_size)
+        lease = timedelta(seconds=conf.get().lease_seconds)
+        candidates = _due_rows(now, self.token, self.shards, until=now + self.lookahead)
+        candidates = candidates.filter(available_at__gt=now)
+        with transaction.atomic():
+            if _skip_locked():
+                ids = list(
+                    candidates.select_for_update(skip_locked=True, of=("self",)).values_list(
+                        "id", flat=True
+                    )[:size]
+                )
+            else:
+                ids = list(candidates.values_list("id", flat=True)[:size])
+            OutboxEntry.objects.filter(
+                _claim_free(now, self.token), id__in=ids, sent_at__isnull=True
+            ).update(claimed_by=self.token, claim_expires_at=now + lease)
+            claimed = list(
+                OutboxEntry.objects.filter(
+                    id__in=ids, claimed_by=self.token, sent_at__isnull=True
+                ).values_list("id", "available_at", "priority")
+            )
+        held = 0
+        refused: list[int] = []
+        for outbox_id, at, priority in claimed:
+            if self.dispatcher.submit(outbox_id, _Held(outbox_id, at), at, priority):
+                held += 1
+            else:
+                refused.append(outbox_id)
+        return RelayReport(held=held, released=self._release(refused))
+
+    def _release_quietly(self, ids: list[int]) -> None:
+        try:
+            self._release(ids)
+        except Exception:  # the database may be what failed; the claims then just expire
+            logger.warning("relay %s: could not release %d claim(s)", self.token, len(ids))
+
+    def _release(self, ids: Iterable[int]) -> int:
+        ids = list(ids)
+        if not ids:
+            return 0
+        return OutboxEntry.objects.filter(
+            id__in=ids, claimed_by=self.token, sent_at__isnull=True
+        ).update(claimed_by="", claim_expires_at=None)
