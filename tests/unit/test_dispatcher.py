@@ -388,3 +388,32 @@ def test_system_clock_never_dispatches_early() -> None:
         assert seen[0] - due < timedelta(seconds=1)
     finally:
         d.close()
+
+
+class SkewedClock(FrozenClock):
+    """Monotonic time runs on while the wall clock stands still (a wall clock stepped back)."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.skew
+
+
+def test_wall_clock_decides_due_even_when_the_monotonic_deadline_passed() -> None:
+    clock = SkewedClock(T0)
+    rec = Recorder()
+    d = make_runner(clock, rec, max_wait=0.01)
+    try:
+        d.submit("a", "a", at(10))
+        settle(d)
+        clock.skew = 60.0  # the monotonic deadline is long gone; the wall says 12:00:00
+        for _ in range(3):
+            settle(d)
+        assert len(d) == 1, "dispatched on the monotonic deadline before the wall time"
+        clock.advance(10)
+        settle(d)
+        assert rec.wait_items(1) == ["a"]
+    finally:
+        d.close()
