@@ -340,6 +340,16 @@ class ShardLease(models.Model):
         return f"shard {self.shard} -> {self.owner or '-'} (gen {self.fencing_token})"
 
 
+class BeatNode(models.Model):
+    """A beat node's heartbeat: the live-node count sets each node's fair share of shards."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    last_seen = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} (seen {self.last_seen.isoformat()})"
+
+
 class ConcurrencySlot(models.Model):
     """One of C slots of a concurrency key (a schedule or a named group)."""
 
