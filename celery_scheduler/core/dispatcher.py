@@ -93,10 +93,9 @@ class Dispatcher(Generic[T]):
     """Releases submitted items to ``handler`` in batches once their ``available_at`` passed.
 
     Thread-safe: every public method may be called from any thread. ``handler`` runs on the
-    pool, never under the dispatcher's lock; it must not call ``close(wait=True)`` (that would
-    wait for itself). Exceptions from ``handler`` go to ``on_error`` (if given) and are
-    counted in ``stats().failed_batches``; the runner keeps going either way, because the
-    handler's claims are durable and are retried elsewhere once they expire.
+    pool, never under the dispatcher's lock. Exceptions from ``handler`` go to ``on_error``
+    (if given) and are counted in ``stats().failed_batches``; the runner keeps going either
+    way, because the handler's claims are durable and are retried elsewhere once they expire.
     """
 
     def __init__(
@@ -155,6 +154,7 @@ class Dispatcher(Generic[T]):
         self._running = False
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_handler = threading.local()
 
     # -- pure API ---------------------------------------------------------------------------
 
@@ -281,7 +281,8 @@ class Dispatcher(Generic[T]):
         """Stop accepting and dispatching; return the items never handed out, in key order.
 
         Batches already handed to the pool finish; with ``wait`` this call returns after they
-        did (or after ``timeout`` seconds). A second call returns ``[]``.
+        did (or after ``timeout`` seconds). A second call returns ``[]``. Called from inside
+        ``handler`` it does not wait, since the pool would be waiting for that very call.
         """
         with self._lock:
             if self._closed:
@@ -291,7 +292,7 @@ class Dispatcher(Generic[T]):
                 pending = self._drain_locked()
                 self._wake_locked()
             running = self._running
-        if wait and running:
+        if wait and running and not getattr(self._in_handler, "active", False):
             self._stopped.wait(timeout)
         return pending
 
@@ -356,6 +357,7 @@ class Dispatcher(Generic[T]):
 
     def _run_batch(self, batch: list[T]) -> None:
         assert self._handler is not None  # checked by _claim_runner_locked
+        self._in_handler.active = True
         try:
             self._handler(batch)
         except Exception as exc:
@@ -364,6 +366,7 @@ class Dispatcher(Generic[T]):
             if self._on_error is not None:
                 self._on_error(batch, exc)
         finally:
+            self._in_handler.active = False
             with self._lock:
                 self._in_flight -= 1
                 self._wake_locked()

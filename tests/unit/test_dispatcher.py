@@ -417,3 +417,21 @@ def test_wall_clock_decides_due_even_when_the_monotonic_deadline_passed() -> Non
         assert rec.wait_items(1) == ["a"]
     finally:
         d.close()
+
+
+def test_close_from_inside_the_handler_does_not_deadlock(clock: FrozenClock) -> None:
+    returned: list[list[object]] = []
+    done = threading.Event()
+    d: Dispatcher[object]
+
+    def handler(batch: list[object]) -> None:
+        returned.append(d.close(wait=True))
+        done.set()
+
+    d = Dispatcher(handler, clock=clock)
+    d.start()
+    d.submit("a", "a", at(0))
+    d.submit("b", "b", at(30))
+    assert done.wait(HANDOFF), "close() inside the handler blocked"
+    assert returned == [["b"]]
+    assert d.close(wait=True, timeout=HANDOFF) == []
