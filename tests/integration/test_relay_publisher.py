@@ -27,7 +27,7 @@ def decode_kombu_redis_message(raw: bytes) -> dict[str, Any]:
     body = envelope["body"]
     if envelope["properties"].get("body_encoding") == "base64":
         body = base64.b64decode(body)
-    args, kwargs, _embed = json.loads(body)
+    _args, kwargs, _embed = json.loads(body)
     return {"id": headers["id"], "task": headers["task"], "headers": headers, "kwargs": kwargs}
 
 
