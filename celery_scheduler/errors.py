@@ -95,5 +95,17 @@ class NotJSONSerializable(SchedulerError, TypeError):
     """An idempotent task result (or args) could not be stored as JSON."""
 
 
+class TransientError(SchedulerError):
+    """Raise from a task body to ask for a retry with backoff (the failure should pass)."""
+
+
+class Throttled(TransientError):
+    """The downstream service asked us to slow down (HTTP 429 or equivalent)."""
+
+
+class MissingIdempotencyKey(SchedulerError):
+    """An ``@idempotent_task`` ran with no ``key=`` and no occurrence or Celery task id."""
+
+
 class UnsupportedSchedule(ValidationError):
     """A Celery schedule kind we cannot represent (e.g. ``solar``)."""

@@ -91,6 +91,7 @@ CELERY_SCHEDULER = {
     for key, value in (
         ("shard_count", os.environ.get("CELERY_SCHEDULER_SHARDS")),
         ("horizon_seconds", os.environ.get("CELERY_SCHEDULER_HORIZON")),
+        ("occurrence_lease_seconds", os.environ.get("CELERY_SCHEDULER_OCCURRENCE_LEASE")),
     )
     if value
 }
