@@ -1,0 +1,116 @@
+"""Pause / resume / cancel / run now / replay: call the API, report what really happened.
+
+Each verb is applied to every selected object on its own, so one schedule in the wrong
+state does not hide what happened to the others; the messages say both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from celery_scheduler import errors
+from django_app.models import Occurrence, Schedule
+
+#: verb -> (API function name, past tense for messages)
+SCHEDULE_VERBS: dict[str, tuple[str, str]] = {
+    "pause": ("pause_schedule", "paused"),
+    "resume": ("resume_schedule", "resumed"),
+    "cancel": ("cancel_schedule", "canceled"),
+}
+
+
+def _api() -> Any:
+    from celery_scheduler import api
+
+    return api
+
+
+def apply_lifecycle(request: HttpRequest, schedules: Iterable[Schedule], verb: str) -> int:
+    """Call the API ``verb`` on each schedule; one summary message plus one per failure."""
+    func_name, past = SCHEDULE_VERBS[verb]
+    func: Callable[[Any], Any] = getattr(_api(), func_name)
+    done: list[tuple[Schedule, Any]] = []
+    for schedule in schedules:
+        try:
+            done.append((schedule, func(schedule.pk)))
+        except errors.SchedulerError as exc:
+            messages.warning(
+                request,
+                format_html(_("Could not {} “{}”: {}"), verb, schedule.name, str(exc)),
+            )
+    if done:
+        details = "; ".join(_describe(r) for _, r in done)
+        summary = ngettext(
+            "%(count)d schedule %(past)s", "%(count)d schedules %(past)s", len(done)
+        ) % {"count": len(done), "past": past}
+        messages.success(request, f"{summary}: {details}")
+    return len(done)
+
+
+def _describe(result: Any) -> str:
+    describe = getattr(result, "describe", None)
+    return str(describe()) if callable(describe) else _("done")
+
+
+def run_now(request: HttpRequest, schedules: Iterable[Schedule]) -> int:
+    """Create one manual occurrence per schedule (the relay publishes it; never apply_async)."""
+    created: list[tuple[Schedule, Occurrence]] = []
+    for schedule in schedules:
+        try:
+            created.append((schedule, _api().run_now(schedule.pk)))
+        except errors.SchedulerError as exc:
+            messages.warning(
+                request, format_html(_("Could not run “{}” now: {}"), schedule.name, str(exc))
+            )
+    if created:
+        links = format_html_join(
+            ", ",
+            '“{}” → <a href="{}">occurrence {}</a>',
+            (
+                (s.name, reverse("admin:django_app_occurrence_change", args=[o.pk]), str(o.pk)[:8])
+                for s, o in created
+            ),
+        )
+        summary = ngettext(
+            "Queued %(count)d manual run", "Queued %(count)d manual runs", len(created)
+        ) % {"count": len(created)}
+        messages.success(request, format_html("{}: {}", summary, links))
+    return len(created)
+
+
+def replay(request: HttpRequest, occurrences: Iterable[Occurrence]) -> int:
+    """Replay DEAD occurrences under their own id (the API refuses any other state)."""
+    replayed: list[Occurrence] = []
+    for occurrence in occurrences:
+        try:
+            replayed.append(_api().replay_occurrence(occurrence.pk))
+        except errors.SchedulerError as exc:
+            messages.warning(
+                request,
+                format_html(_("Could not replay {}: {}"), str(occurrence.pk)[:8], str(exc)),
+            )
+    if replayed:
+        ids = ", ".join(str(o.pk)[:8] for o in replayed)
+        messages.success(
+            request,
+            ngettext(
+                "Replayed %(count)d occurrence under its own id (%(ids)s); it is %(state)s now.",
+                "Replayed %(count)d occurrences under their own ids (%(ids)s); "
+                "they are %(state)s now.",
+                len(replayed),
+            )
+            % {
+                "count": len(replayed),
+                "ids": ids,
+                "state": ", ".join(sorted({o.state for o in replayed})),
+            },
+        )
+    return len(replayed)

@@ -1,0 +1,85 @@
+"""Small HTML renderers shared by the admin pages (badges, times, lag)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from celery_scheduler.core.enums import OccurrenceState, ScheduleState
+
+SLO_SECONDS = 5.0
+
+_TONE = {
+    ScheduleState.ACTIVE.value: "ok",
+    ScheduleState.PAUSED.value: "warn",
+    ScheduleState.CANCELED.value: "muted",
+    ScheduleState.COMPLETED.value: "muted",
+    OccurrenceState.SCHEDULED.value: "info",
+    OccurrenceState.ENQUEUED.value: "info",
+    OccurrenceState.RUNNING.value: "run",
+    OccurrenceState.RETRY_WAIT.value: "warn",
+    OccurrenceState.SUCCEEDED.value: "ok",
+    OccurrenceState.DEAD.value: "bad",
+    OccurrenceState.MISSED.value: "bad",
+    OccurrenceState.CANCELED.value: "muted",
+    OccurrenceState.SKIPPED_OVERLAP.value: "muted",
+}
+
+
+def state_label(state: str) -> str:
+    return state.replace("_", " ").capitalize()
+
+
+def badge(state: str | None) -> SafeString | str:
+    if not state:
+        return "—"
+    return format_html(
+        '<span class="cs-badge cs-{}" data-state="{}">{}</span>',
+        _TONE.get(state, "muted"),
+        state,
+        state_label(state),
+    )
+
+
+def zone_or_utc(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except Exception:  # a stored zone that the tzdata in use no longer knows
+        return ZoneInfo("UTC")
+
+
+def local_and_utc(value: datetime | None, zone_name: str) -> SafeString | str:
+    """The instant in the schedule's zone, with UTC underneath."""
+    if value is None:
+        return "—"
+    local = value.astimezone(zone_or_utc(zone_name))
+    utc = value.astimezone(UTC)
+    if zone_name == "UTC":
+        return format_html('<span class="cs-time">{}</span>', utc.strftime("%Y-%m-%d %H:%M UTC"))
+    return format_html(
+        '<span class="cs-time">{}</span><br><small class="cs-utc">{}</small>',
+        local.strftime("%Y-%m-%d %H:%M ") + (local.tzname() or ""),
+        utc.strftime("%Y-%m-%d %H:%M UTC"),
+    )
+
+
+def lag(seconds: float | None) -> SafeString | str:
+    if seconds is None:
+        return "—"
+    tone = "bad" if seconds > SLO_SECONDS else "ok"
+    return format_html('<span class="cs-lag cs-lag-{}">{}</span>', tone, fmt_seconds(seconds))
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if abs(seconds) < 60:
+        return f"{seconds:.2f} s"
+    if abs(seconds) < 3600:
+        return f"{seconds / 60:.1f} min"
+    if abs(seconds) < 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"

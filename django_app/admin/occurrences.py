@@ -1,0 +1,260 @@
+"""History: occurrences and their attempts, read-only; dead letters with a replay action.
+
+Occurrences are facts written by the scheduler and the workers, so the admin never edits
+or deletes them. The only write is a replay of a DEAD occurrence, through the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+
+from celery_scheduler.core.enums import OccurrenceState
+from django_app.admin import actions, display
+from django_app.admin.tenancy import TenantScopedAdmin
+from django_app.models import Attempt, Occurrence, Schedule
+
+#: Quick views above the occurrence list: (label, state filter or None for all).
+TABS = (
+    (_("All"), None),
+    (_("Dead letters"), OccurrenceState.DEAD.value),
+    (_("Running"), OccurrenceState.RUNNING.value),
+    (_("Retry wait"), OccurrenceState.RETRY_WAIT.value),
+    (_("Missed"), OccurrenceState.MISSED.value),
+)
+
+
+class ReadOnlyMixin:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
+    model = Attempt
+    extra = 0
+    fields = (
+        "number",
+        "outcome",
+        "fencing_token",
+        "worker",
+        "started_at",
+        "finished_at",
+        "short_error",
+    )
+    readonly_fields = fields
+    show_change_link = True
+    ordering = ("number",)
+
+    @admin.display(description=_("Error"))
+    def short_error(self, obj: Attempt) -> str:
+        first = (obj.error or "").strip().splitlines()
+        return first[-1][:120] if first else "—"
+
+
+@admin.register(Occurrence)
+class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    change_list_template = "admin/django_app/occurrence/change_list.html"
+    list_display = (
+        "short_id",
+        "schedule_link",
+        "state_column",
+        "scheduled_column",
+        "available_at",
+        "enqueued_at",
+        "lag_column",
+        "attempt_count",
+        "manual",
+        "tenant_column",
+    )
+    list_filter = ("state", "manual", "tenant")
+    search_fields = ("=id", "schedule__name", "schedule__task")
+    list_select_related = ("schedule", "tenant")
+    date_hierarchy = "scheduled_for"
+    inlines = (AttemptInline,)
+    actions = ("replay_selected",)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "schedule_link",
+                    "schedule_version",
+                    "state_column",
+                    "manual",
+                    "reason",
+                )
+            },
+        ),
+        (
+            _("Timing"),
+            {
+                "fields": (
+                    "scheduled_column",
+                    "available_at",
+                    "enqueued_at",
+                    "started_at",
+                    "finished_at",
+                    "retry_at",
+                    "lag_column",
+                )
+            },
+        ),
+        (
+            _("Execution"),
+            {
+                "fields": (
+                    "attempt_count",
+                    "fencing_token",
+                    "lease_owner",
+                    "lease_expires_at",
+                    "last_error_block",
+                    "result",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "id",
+        "schedule_link",
+        "schedule_version",
+        "state_column",
+        "manual",
+        "reason",
+        "scheduled_column",
+        "available_at",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "retry_at",
+        "lag_column",
+        "attempt_count",
+        "fencing_token",
+        "lease_owner",
+        "lease_expires_at",
+        "last_error_block",
+        "result",
+    )
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        # Replay is the one write on occurrences; it needs the model's change permission
+        # even though the admin form itself is read-only.
+        return request.user.has_perm("django_app.change_occurrence")
+
+    @admin.action(description=_("Replay selected dead occurrences"), permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        actions.replay(request, queryset)
+
+    @admin.display(description=_("Occurrence"), ordering="id")
+    def short_id(self, obj: Occurrence) -> str:
+        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
+
+    @admin.display(description=_("Schedule"), ordering="schedule__name")
+    def schedule_link(self, obj: Occurrence) -> str:
+        url = reverse("admin:django_app_schedule_change", args=[obj.schedule_id])
+        return format_html(
+            '<a href="{}">{}</a> <small>v{}</small>', url, obj.schedule.name, obj.schedule_version
+        )
+
+    @admin.display(description=_("State"), ordering="state")
+    def state_column(self, obj: Occurrence) -> str:
+        return display.badge(obj.state)
+
+    @admin.display(description=_("Scheduled for"), ordering="scheduled_for")
+    def scheduled_column(self, obj: Occurrence) -> str:
+        return display.local_and_utc(obj.scheduled_for, obj.schedule.timezone)
+
+    @admin.display(description=_("Lag"))
+    def lag_column(self, obj: Occurrence) -> str:
+        return display.lag(obj.lag_seconds)
+
+    @admin.display(description=_("Tenant"), ordering="tenant__slug")
+    def tenant_column(self, obj: Occurrence) -> str:
+        return obj.tenant.slug
+
+    @admin.display(description=_("Last error"))
+    def last_error_block(self, obj: Occurrence) -> str:
+        if not obj.last_error:
+            return "—"
+        return format_html('<pre class="cs-error">{}</pre>', obj.last_error)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        base = reverse("admin:django_app_occurrence_changelist")
+        keep = {k: v for k, v in request.GET.items() if k == "schedule"}
+        current = request.GET.get("state__exact")
+        scoped = self.get_queryset(request)
+        tabs = [
+            (
+                label,
+                base
+                + (
+                    "?" + urlencode({**keep, **({"state__exact": state} if state else {})})
+                    if keep or state
+                    else ""
+                ),
+                state == current,
+                scoped.filter(state=state).count() if state else None,
+            )
+            for label, state in TABS
+        ]
+        title = _("Dead letters") if current == OccurrenceState.DEAD.value else _("Occurrences")
+        schedule = None
+        if keep:
+            schedule = Schedule.objects.filter(
+                pk__in=scoped.values("schedule_id"), pk=keep["schedule"]
+            ).first()
+            if schedule is not None:
+                title = format_html("{} of “{}”", title, schedule.name)
+        extra = {"tabs": tabs, "title": title, "for_schedule": schedule, **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+
+@admin.register(Attempt)
+class AttemptAdmin(ReadOnlyMixin, TenantScopedAdmin):
+    tenant_lookup = "occurrence__tenant"
+    list_display = ("__str__", "outcome", "fencing_token", "worker", "started_at", "finished_at")
+    list_filter = ("outcome",)
+    search_fields = ("=occurrence__id", "worker")
+    list_select_related = ("occurrence",)
+    fields = (
+        "occurrence_link",
+        "number",
+        "outcome",
+        "fencing_token",
+        "worker",
+        "started_at",
+        "heartbeat_at",
+        "finished_at",
+        "error_block",
+        "result",
+    )
+    readonly_fields = fields
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return False  # reached from an occurrence, not from the sidebar
+
+    @admin.display(description=_("Occurrence"))
+    def occurrence_link(self, obj: Attempt) -> str:
+        url = reverse("admin:django_app_occurrence_change", args=[obj.occurrence_id])
+        return format_html('<a href="{}">{}</a>', url, obj.occurrence_id)
+
+    @admin.display(description=_("Error"))
+    def error_block(self, obj: Attempt) -> str:
+        if not obj.error:
+            return "—"
+        return format_html('<pre class="cs-error">{}</pre>', obj.error)

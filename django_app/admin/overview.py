@@ -1,0 +1,213 @@
+"""Numbers for the overview page, scoped to the viewer's tenant.
+
+Lag percentiles are computed with ``percentile_disc`` on PostgreSQL and by nearest rank in
+Python elsewhere (over at most ``MAX_LAG_ROWS`` recent rows), so both give the same answer
+on the same data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.db.models import Count, Min, QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from celery_scheduler.core.enums import OccurrenceState, ScheduleState
+from django_app.admin.tenancy import scope
+from django_app.models import Occurrence, OutboxEntry, Schedule
+
+MAX_LAG_ROWS = 50_000
+LAG_WINDOW = timedelta(hours=1)
+STATE_WINDOW = timedelta(hours=24)
+PENDING = (OccurrenceState.SCHEDULED, OccurrenceState.ENQUEUED, OccurrenceState.RETRY_WAIT)
+
+
+@dataclass
+class Overview:
+    now: datetime
+    state_counts: list[tuple[str, int]]
+    schedule_counts: list[tuple[str, int]]
+    dead_total: int
+    outbox_backlog: int
+    outbox_due: int
+    oldest_unsent: datetime | None
+    oldest_pending: Occurrence | None
+    lag_samples: int
+    lag_p50: float | None
+    lag_p95: float | None
+    lag_p99: float | None
+    lag_by_minute: list[tuple[int, float | None]] = field(default_factory=list)
+
+    @property
+    def oldest_unsent_age(self) -> float | None:
+        return (
+            None if self.oldest_unsent is None else (self.now - self.oldest_unsent).total_seconds()
+        )
+
+    @property
+    def oldest_pending_age(self) -> float | None:
+        if self.oldest_pending is None:
+            return None
+        return (self.now - self.oldest_pending.available_at).total_seconds()
+
+    @property
+    def max_state_count(self) -> int:
+        return max((c for _, c in self.state_counts), default=0) or 1
+
+
+def nearest_rank(sorted_values: list[float], percent: float) -> float | None:
+    """The nearest-rank percentile (same as SQL ``percentile_disc``)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(percent / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _lag_rows(occurrences: QuerySet[Occurrence], now: datetime) -> list[tuple[datetime, float]]:
+    rows = (
+        occurrences.filter(
+            enqueued_at__isnull=False, scheduled_for__gte=now - LAG_WINDOW, scheduled_for__lte=now
+        )
+        .order_by("-scheduled_for")
+        .values_list("scheduled_for", "enqueued_at")[:MAX_LAG_ROWS]
+    )
+    return [(s, (e - s).total_seconds()) for s, e in rows]
+
+
+def _sql_percentiles(occurrences: QuerySet[Occurrence], now: datetime) -> list[float | None]:
+    """p50/p95/p99 of the lag computed by PostgreSQL over the whole window."""
+    window = occurrences.filter(
+        enqueued_at__isnull=False, scheduled_for__gte=now - LAG_WINDOW, scheduled_for__lte=now
+    )
+    inner_sql, params = window.values("scheduled_for", "enqueued_at").query.sql_with_params()
+    sql = (
+        "SELECT percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP "
+        "(ORDER BY EXTRACT(EPOCH FROM (w.enqueued_at - w.scheduled_for))) "
+        f"FROM ({inner_sql}) AS w"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        (values,) = cursor.fetchone()
+    return [float(v) if v is not None else None for v in (values or [None, None, None])]
+
+
+def lag_percentiles(
+    occurrences: QuerySet[Occurrence], now: datetime, *, use_sql: bool | None = None
+) -> tuple[int, list[float | None], list[tuple[int, float | None]]]:
+    """(samples, [p50, p95, p99], worst lag per minute for the last 60 minutes)."""
+    rows = _lag_rows(occurrences, now)
+    lags = sorted(lag for _, lag in rows)
+    if use_sql is None:
+        use_sql = connection.vendor == "postgresql" and len(rows) >= MAX_LAG_ROWS
+    if use_sql:
+        percentiles = _sql_percentiles(occurrences, now)
+    else:
+        percentiles = [nearest_rank(lags, p) for p in (50, 95, 99)]
+    worst: dict[int, float] = {}
+    for scheduled_for, lag in rows:
+        minute = int((now - scheduled_for).total_seconds() // 60)
+        if 0 <= minute < 60:
+            worst[minute] = max(worst.get(minute, lag), lag)
+    by_minute = [(m, worst.get(m)) for m in range(59, -1, -1)]
+    return len(rows), percentiles, by_minute
+
+
+def collect(request: HttpRequest, *, now: datetime) -> Overview:
+    occurrences = scope(request, Occurrence.objects.all())
+    recent = dict(
+        occurrences.filter(scheduled_for__gte=now - STATE_WINDOW)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    schedules = dict(
+        scope(request, Schedule.objects.all())
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    outbox = scope(request, OutboxEntry.objects.filter(sent_at__isnull=True))
+    backlog = outbox.aggregate(n=Count("id"), oldest=Min("available_at"))
+    samples, (p50, p95, p99), by_minute = lag_percentiles(occurrences, now)
+    return Overview(
+        now=now,
+        state_counts=[(s.value, recent.get(s.value, 0)) for s in OccurrenceState],
+        schedule_counts=[(s.value, schedules.get(s.value, 0)) for s in ScheduleState],
+        dead_total=occurrences.filter(state=OccurrenceState.DEAD.value).count(),
+        outbox_backlog=backlog["n"],
+        outbox_due=outbox.filter(available_at__lte=now).count(),
+        oldest_unsent=backlog["oldest"],
+        oldest_pending=occurrences.filter(
+            state__in=[s.value for s in PENDING], available_at__lte=now
+        )
+        .select_related("schedule")
+        .order_by("available_at")
+        .first(),
+        lag_samples=samples,
+        lag_p50=p50,
+        lag_p95=p95,
+        lag_p99=p99,
+        lag_by_minute=by_minute,
+    )
+
+
+def lag_chart_svg(
+    by_minute: list[tuple[int, float | None]], *, slo_seconds: float, width: int = 640
+) -> SafeString:
+    """A bar per minute (worst schedule lag), with the SLO as a dashed line. No JavaScript."""
+    height, top, bottom, left = 150, 10, 20, 36
+    plot_h = height - top - bottom
+    values = [v for _, v in by_minute if v is not None]
+    ceiling = max([slo_seconds * 1.5, *values]) if values else slo_seconds * 1.5
+    bar_w = (width - left) / max(len(by_minute), 1)
+
+    def y(value: float) -> float:
+        return top + plot_h - plot_h * max(value, 0.0) / ceiling
+
+    bars = format_html_join(
+        "",
+        '<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}">'
+        "<title>{} min ago: worst lag {:.2f} s</title></rect>",
+        (
+            (
+                left + i * bar_w + 1,
+                y(value),
+                max(bar_w - 2, 1),
+                top + plot_h - y(value),
+                "cs-bar-bad" if value > slo_seconds else "cs-bar-ok",
+                minute,
+                value,
+            )
+            for i, (minute, value) in enumerate(by_minute)
+            if value is not None
+        ),
+    )
+    slo_y = y(slo_seconds)
+    return format_html(
+        '<svg class="cs-chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        'aria-label="Worst schedule lag per minute, last hour">'
+        '<line x1="{l}" y1="{base}" x2="{w}" y2="{base}" class="cs-axis"/>'
+        '<line x1="{l}" y1="{slo:.1f}" x2="{w}" y2="{slo:.1f}" class="cs-slo"/>'
+        '<text x="{l2}" y="{slo_t:.1f}" class="cs-label">SLO {s:g} s</text>'
+        '<text x="0" y="{top_t}" class="cs-label">{c:.1f} s</text>'
+        '<text x="0" y="{base}" class="cs-label">0 s</text>'
+        '<text x="{l}" y="{h}" class="cs-label">-60 min</text>'
+        '<text x="{w}" y="{h}" text-anchor="end" class="cs-label">now</text>'
+        "{bars}</svg>",
+        w=width,
+        h=height,
+        l=left,
+        l2=left + 4,
+        base=top + plot_h,
+        slo=slo_y,
+        slo_t=slo_y - 3,
+        s=slo_seconds,
+        top_t=top + 8,
+        c=ceiling,
+        bars=bars,
+    )

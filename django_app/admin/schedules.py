@@ -1,0 +1,349 @@
+"""The Schedule admin: one form, a list that shows the truth, lifecycle actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
+
+from celery_scheduler.core.enums import ScheduleState
+from django_app import views
+from django_app.admin import actions, display
+from django_app.admin.forms import ScheduleForm
+from django_app.admin.tenancy import TenantScopedAdmin, has_scope, sees_all_tenants, tenant_of
+from django_app.models import Occurrence, Schedule
+
+#: Which per-object buttons make sense in which state.
+BUTTONS = {
+    ScheduleState.ACTIVE.value: ("pause", "cancel", "run_now"),
+    ScheduleState.PAUSED.value: ("resume", "cancel", "run_now"),
+    ScheduleState.CANCELED.value: (),
+    ScheduleState.COMPLETED.value: ("run_now",),
+}
+BUTTON_LABELS = {
+    "pause": _("Pause"),
+    "resume": _("Resume"),
+    "cancel": _("Cancel schedule"),
+    "run_now": _("Run now"),
+}
+
+
+class TaskFilter(admin.SimpleListFilter):
+    title = _("task")
+    parameter_name = "task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        tasks = model_admin.get_queryset(request).values_list("task", flat=True).distinct()
+        return [(t, t) for t in sorted(set(tasks))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(task=self.value()) if self.value() else queryset
+
+
+def _latest(field: str) -> Subquery:
+    latest = Occurrence.objects.filter(schedule=OuterRef("pk")).order_by("-scheduled_for")
+    return Subquery(latest.values(field)[:1])
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(TenantScopedAdmin):
+    form = ScheduleForm
+    change_form_template = "admin/django_app/schedule/change_form.html"
+    change_list_template = "admin/django_app/schedule/change_list.html"
+    list_display = (
+        "name_column",
+        "state_column",
+        "timing_column",
+        "next_run_column",
+        "last_run_column",
+        "tenant_column",
+        "version",
+    )
+    list_filter = ("state", "tenant", TaskFilter, "kind", "misfire_policy", "overlap_policy")
+    search_fields = ("name", "task")
+    list_per_page = 50
+    actions = ("pause_selected", "resume_selected", "cancel_selected", "run_selected_now")
+    save_as = False
+
+    # --- queryset, form, permissions -------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("tenant")
+            .annotate(
+                last_state=_latest("state"),
+                last_scheduled_for=_latest("scheduled_for"),
+                last_enqueued_at=_latest("enqueued_at"),
+            )
+        )
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        who = ["name", "task", "args", "kwargs"]
+        if sees_all_tenants(request):
+            who.insert(1, "tenant")
+        status = ("state", "version", "next_run_display", "history") if obj else ()
+        return [
+            (None, {"fields": [*status]}) if obj else (None, {"fields": []}),
+            (_("What runs"), {"fields": who}),
+            (
+                _("When"),
+                {
+                    "fields": [
+                        "kind",
+                        "cron",
+                        "timezone",
+                        "interval_seconds",
+                        "run_at",
+                        ("start_at", "end_at"),
+                    ],
+                    "classes": ["cs-when"],
+                },
+            ),
+            (
+                _("Policies"),
+                {
+                    "fields": [
+                        ("misfire_policy", "max_lateness_seconds", "catchup_cap"),
+                        "overlap_policy",
+                        "flexible_window_seconds",
+                        ("concurrency_limit", "concurrency_group"),
+                        ("max_attempts", "deadline_seconds"),
+                        ("queue", "priority"),
+                    ]
+                },
+            ),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["state", "version", "next_run_display", "history"]
+        if obj is not None:
+            fields.append("tenant")
+        return fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return has_scope(request) and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_scope(request) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # cancel instead: history stays for audit (occurrences PROTECT it)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        # The form already saved through the lifecycle API; say what it did.
+        result = form.lifecycle_result
+        if change and result is not None:
+            messages.info(
+                request,
+                format_html(
+                    _("“{}” is now version {}: {}."), obj.name, result.version, result.describe()
+                ),
+            )
+        elif change:
+            messages.info(request, _("Nothing changed, so the version stays the same."))
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        pass  # no related rows are edited here
+
+    # --- list columns -----------------------------------------------------------------------
+
+    @admin.display(description=_("Schedule"), ordering="name")
+    def name_column(self, obj: Schedule) -> str:
+        return format_html('{}<br><small class="cs-task">{}</small>', obj.name, obj.task)
+
+    @admin.display(description=_("State"), ordering="state")
+    def state_column(self, obj: Schedule) -> str:
+        return display.badge(obj.state)
+
+    @admin.display(description=_("When"))
+    def timing_column(self, obj: Schedule) -> str:
+        if obj.kind == "CRON":
+            from celery_scheduler.core import timemath
+
+            try:
+                title = timemath.describe_cron(obj.cron)
+            except Exception:
+                title = ""
+            return format_html(
+                '<code class="cs-mono">{}</code> <small>{}</small><br><small>{}</small>',
+                obj.cron,
+                obj.timezone,
+                title,
+            )
+        if obj.kind == "INTERVAL":
+            return format_html("every {}", display.fmt_seconds(obj.interval_seconds))
+        return format_html("once at {}", display.local_and_utc(obj.run_at, obj.timezone))
+
+    @admin.display(description=_("Next run"), ordering="next_run_at")
+    def next_run_column(self, obj: Schedule) -> str:
+        return display.local_and_utc(obj.next_run_at, obj.timezone)
+
+    @admin.display(description=_("Last run · lag"), ordering="last_scheduled_for")
+    def last_run_column(self, obj: Any) -> str:
+        if obj.last_state is None:
+            return "—"
+        lag = None
+        if obj.last_enqueued_at is not None:
+            lag = (obj.last_enqueued_at - obj.last_scheduled_for).total_seconds()
+        url = (
+            reverse("admin:django_app_occurrence_changelist")
+            + "?"
+            + urlencode({"schedule": obj.pk})
+        )
+        return format_html(
+            '<a href="{}">{}</a> {}', url, display.badge(obj.last_state), display.lag(lag)
+        )
+
+    @admin.display(description=_("Tenant"), ordering="tenant__slug")
+    def tenant_column(self, obj: Schedule) -> str:
+        return obj.tenant.slug
+
+    # --- change-page read-only blocks -------------------------------------------------------
+
+    @admin.display(description=_("Next run"))
+    def next_run_display(self, obj: Schedule) -> str:
+        return display.local_and_utc(obj.next_run_at, obj.timezone)
+
+    @admin.display(description=_("History"))
+    def history(self, obj: Schedule) -> str:
+        recent = list(Occurrence.objects.filter(schedule=obj).order_by("-scheduled_for")[:5])
+        url = (
+            reverse("admin:django_app_occurrence_changelist")
+            + "?"
+            + urlencode({"schedule": obj.pk})
+        )
+        total = Occurrence.objects.filter(schedule=obj).count()
+        rows = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>v{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    reverse("admin:django_app_occurrence_change", args=[o.pk]),
+                    display.local_and_utc(o.scheduled_for, obj.timezone),
+                    display.badge(o.state),
+                    o.schedule_version,
+                    display.lag(o.lag_seconds),
+                    o.attempt_count,
+                )
+                for o in recent
+            ),
+        )
+        if not recent:
+            return format_html('<span class="cs-muted">{}</span>', _("No occurrences yet."))
+        return format_html(
+            '<table class="cs-history"><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th>'
+            '<th>{}</th></tr></thead><tbody>{}</tbody></table><a href="{}" class="cs-history-link">'
+            "{}</a>",
+            _("Scheduled for"),
+            _("State"),
+            _("Version"),
+            _("Lag"),
+            _("Attempts"),
+            rows,
+            url,
+            _("All %(n)d occurrences →") % {"n": total},
+        )
+
+    # --- actions ----------------------------------------------------------------------------
+
+    @admin.action(description=_("Pause selected schedules"), permissions=["change"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        actions.apply_lifecycle(request, queryset, "pause")
+
+    @admin.action(description=_("Resume selected schedules"), permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        actions.apply_lifecycle(request, queryset, "resume")
+
+    @admin.action(description=_("Cancel selected schedules"), permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        actions.apply_lifecycle(request, queryset, "cancel")
+
+    @admin.action(description=_("Run selected schedules now"), permissions=["change"])
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        actions.run_now(request, queryset)
+
+    # --- extra URLs -------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "preview/",
+                wrap(lambda request: views.schedule_preview(request, self)),
+                name="django_app_schedule_preview",
+            ),
+            path(
+                "overview/",
+                wrap(lambda request: views.overview(request, self)),
+                name="django_app_overview",
+            ),
+            path(
+                "<path:object_id>/act/<str:verb>/",
+                wrap(require_POST(self.act_view)),
+                name="django_app_schedule_act",
+            ),
+            *super().get_urls(),
+        ]
+
+    def act_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """POST one lifecycle verb on one schedule (the buttons on the change page)."""
+        schedule = self.get_object(request, object_id)  # 404 outside the user's tenant
+        if verb not in BUTTON_LABELS:
+            raise PermissionDenied(f"Unknown action {verb!r}.")
+        if not self.has_change_permission(request, schedule):
+            raise PermissionDenied
+        if verb == "run_now":
+            actions.run_now(request, [schedule])
+        else:
+            actions.apply_lifecycle(request, [schedule], verb)
+        return HttpResponseRedirect(reverse("admin:django_app_schedule_change", args=[schedule.pk]))
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> TemplateResponse:
+        context["preview_url"] = reverse("admin:django_app_schedule_preview")
+        context["tenant_name"] = None if sees_all_tenants(request) else tenant_of(request)
+        if obj is not None and self.has_change_permission(request, obj):
+            context["lifecycle_buttons"] = [
+                (
+                    verb,
+                    BUTTON_LABELS[verb],
+                    reverse("admin:django_app_schedule_act", args=[obj.pk, verb]),
+                )
+                for verb in BUTTONS.get(obj.state, ())
+            ]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        extra = {
+            "overview_url": reverse("admin:django_app_overview"),
+            "dead_letters_url": reverse("admin:django_app_occurrence_changelist")
+            + "?state__exact=DEAD",
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra)
