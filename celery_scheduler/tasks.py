@@ -1,0 +1,173 @@
+"""``@idempotent_task``: a Celery task whose business effect happens once per key.
+
+Usage::
+
+    from celery_scheduler import idempotent_task
+
+    @idempotent_task(key=lambda customer, period: f"invoice:{customer}:{period}")
+    def create_invoice(customer: str, period: str) -> dict: ...
+
+The key comes from ``key(*args, **kwargs)`` (the task's own arguments, without ``self``
+for ``bind=True`` tasks). Without ``key=`` it is the occurrence id when the task runs as a
+scheduled occurrence, else the Celery task id (``.delay()``). Keys longer than 255
+characters are stored as ``sha256:<hex>``.
+
+The first run, in ONE database transaction: insert ``IdempotencyRecord(key)`` under its
+unique constraint, run the body, store its JSON result, commit. A crash rolls back both the
+effect (database writes made by the body) and the record, so a retry runs the body again. A
+concurrent run of the same key waits on the unique index and then returns the stored result;
+later deliveries return it without running the body. Because the record and the effect
+commit together, only database effects are covered exactly; for an external call, pass
+:func:`current_idempotency_key` as the downstream API's idempotency key.
+
+Results must be JSON-serialisable (:class:`errors.NotJSONSerializable` otherwise, and the
+transaction rolls back). Every delivery returns the JSON form of the result, so the first
+run and a deduplicated one return equal values.
+
+This module imports no Django at import time: the ORM is reached inside the task body.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from celery_scheduler import errors
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", default=None)
+_idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
+
+MAX_KEY_LENGTH = 255
+
+
+def current_occurrence_id() -> str | None:
+    """The occurrence the current task body runs for (None outside a scheduled run)."""
+    return _occurrence_id.get()
+
+
+def current_idempotency_key() -> str | None:
+    """The business key of the running ``@idempotent_task`` body (None outside one).
+
+    Pass it as the idempotency key of an external API call so the downstream service
+    deduplicates what the database transaction cannot roll back.
+    """
+    return _idempotency_key.get()
+
+
+@contextmanager
+def occurrence_context(occurrence_id: str) -> Iterator[None]:
+    """Run the enclosed task body as occurrence ``occurrence_id`` (set by the wrapper task)."""
+    token = _occurrence_id.set(str(occurrence_id))
+    try:
+        yield
+    finally:
+        _occurrence_id.reset(token)
+
+
+@contextmanager
+def idempotency_context(key: str) -> Iterator[None]:
+    token = _idempotency_key.set(key)
+    try:
+        yield
+    finally:
+        _idempotency_key.reset(token)
+
+
+def normalize_key(raw: object, task_name: str) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise errors.ValidationError(
+            f"key= of idempotent task {task_name} returned {raw!r} "
+            f"({type(raw).__name__}); it must return a non-empty str",
+            field="key",
+        )
+    if len(raw) > MAX_KEY_LENGTH:
+        return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+    return raw
+
+
+def _default_key(task_name: str) -> str:
+    occurrence = current_occurrence_id()
+    if occurrence:
+        return occurrence
+    from celery import current_task
+
+    task_id = current_task.request.id if current_task else None
+    if task_id:
+        return str(task_id)
+    raise errors.MissingIdempotencyKey(
+        f"idempotent task {task_name} has no key: it was called directly, not as a Celery "
+        "task or scheduled occurrence; pass key= to @idempotent_task or use .delay()"
+    )
+
+
+@overload
+def idempotent_task(fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def idempotent_task(
+    *,
+    key: Callable[..., str] | None = None,
+    app: Celery | None = None,
+    **options: Any,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def idempotent_task(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    key: Callable[..., str] | None = None,
+    app: Celery | None = None,
+    **options: Any,
+) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    """Make ``fn`` a Celery task that performs its effect at most once per business key.
+
+    ``app=`` registers it on that app (like ``@app.task``); otherwise ``shared_task``.
+    Other keyword arguments are Celery task options (``name``, ``queue``, ``bind``,
+    ``autoretry_for``, plus the scheduler's ``max_attempts``, ``permanent_errors``,
+    ``transient_errors``).
+    """
+
+    def decorate(func: Callable[P, R]) -> Task[P, R]:
+        bound = bool(options.get("bind"))
+        registered: list[Task[P, R]] = []
+
+        @functools.wraps(func)
+        def body(*args: P.args, **kwargs: P.kwargs) -> R:
+            task_name = registered[0].name if registered else func.__qualname__
+            key_args = args[1:] if bound else args
+            raw = key(*key_args, **kwargs) if key is not None else _default_key(task_name)
+            the_key = normalize_key(raw, task_name)
+            from django_app import idempotency
+
+            result: R = idempotency.run_once(
+                the_key,
+                task_name=task_name,
+                occurrence_id=current_occurrence_id(),
+                body=lambda: func(*args, **kwargs),
+            )
+            return result
+
+        if app is not None:
+            task: Task[P, R] = app.task(**options)(body)
+        else:
+            from celery import shared_task
+
+            task = shared_task(**options)(body)
+        registered.append(task)
+        return task
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate

@@ -1,0 +1,68 @@
+"""The database side of ``@idempotent_task``: record the key and the effect in one transaction.
+
+The unique index on ``IdempotencyRecord.key`` is the arbiter. On PostgreSQL a second
+inserter of an uncommitted key blocks on the index until the first transaction ends: if it
+committed, the insert fails and we read its stored result; if it rolled back (crash, error),
+the insert succeeds and this run does the work. SQLite serialises writers (IMMEDIATE
+transactions), which gives the same outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from celery_scheduler import errors
+from celery_scheduler.tasks import idempotency_context
+from django_app.models import IdempotencyRecord
+
+logger = logging.getLogger("celery_scheduler.idempotency")
+
+
+def as_json(value: Any, task_name: str) -> Any:
+    """``value`` round-tripped through JSON, or a clear NotJSONSerializable."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise errors.NotJSONSerializable(
+            f"idempotent task {task_name} returned a {type(value).__module__}."
+            f"{type(value).__qualname__}, which cannot be stored as JSON ({exc}); return "
+            "JSON types (dict, list, str, int, float, bool, None), e.g. an id instead of "
+            "a model instance"
+        ) from exc
+
+
+def run_once(
+    key: str, *, task_name: str, occurrence_id: str | None, body: Callable[[], Any]
+) -> Any:
+    """Run ``body`` once per ``key`` and return its (stored) JSON result."""
+    from celery import current_task
+
+    task_id = (current_task.request.id if current_task else None) or ""
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.create(
+                    key=key,
+                    task_name=task_name,
+                    occurrence_id=occurrence_id,
+                    task_id=str(task_id),
+                )
+        except IntegrityError:
+            stored = IdempotencyRecord.objects.values_list("result", flat=True).get(key=key)
+            logger.info(
+                "idempotent task %s: key %s already done, returning the stored result",
+                task_name,
+                key,
+                extra={"event": "idempotent_duplicate", "key": key},
+            )
+            return stored
+        with idempotency_context(key):
+            value = body()
+        result = as_json(value, task_name)
+        IdempotencyRecord.objects.filter(key=key).update(result=result)
+        return result

@@ -1,0 +1,224 @@
+"""``celery_scheduler.run_occurrence``: the wrapper task every scheduled occurrence runs through.
+
+The relay publishes each occurrence as this task (task id = occurrence id). The wrapper
+claims it (fenced lease, overlap policy, concurrency slot, version/cancel re-check), runs the
+registered task's body with the occurrence id in context while a heartbeat thread renews the
+lease, then completes it or, by error class, schedules a retry through the outbox or
+dead-letters it, all under its fencing token.
+
+Celery's own retry is used only when the claim itself cannot reach the database: nothing
+was claimed yet, so re-sending the wrapper message is safe. Retries of a claimed occurrence
+go through the outbox instead, so every try keeps the occurrence id and is a new Attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from celery import Task, shared_task
+from django.db import DatabaseError, connection
+
+from celery_scheduler import errors
+from celery_scheduler.core import retry
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.faults import fault_point
+from celery_scheduler.tasks import occurrence_context
+from django_app import conf, worker
+from django_app.idempotency import as_json
+
+logger = logging.getLogger("celery_scheduler.worker")
+
+#: Attempts to record a completion when the database flickers after the body ran.
+_FINISH_TRIES = 3
+
+
+class Heartbeat(threading.Thread):
+    """Renews the occurrence lease (and its slot) every ``lease / 3`` until stopped.
+
+    Stops by itself when a renewal finds the token stale: the attempt lost its lease and
+    its completion will be rejected by the fencing check.
+    """
+
+    def __init__(
+        self, occurrence_id: str, token: int, lease: timedelta, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        super().__init__(name=f"heartbeat-{occurrence_id}", daemon=True)
+        self.occurrence_id, self.token, self.lease, self.clock = occurrence_id, token, lease, clock
+        self.lost = False
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.wait(self.lease.total_seconds() / 3):
+                try:
+                    renewed = worker.renew(
+                        self.occurrence_id, self.token, clock=self.clock, lease=self.lease
+                    )
+                except DatabaseError:
+                    logger.warning("heartbeat of %s failed; retrying", self.occurrence_id)
+                    continue
+                if not renewed:
+                    self.lost = True
+                    logger.warning(
+                        "occurrence %s: lease lost (token %s is stale)",
+                        self.occurrence_id,
+                        self.token,
+                        extra={"event": "lease_lost", "occurrence_id": self.occurrence_id},
+                    )
+                    return
+        finally:
+            connection.close()  # this thread's own connection
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join()
+
+
+def policy_for(target: Any, claim: worker.ClaimResult) -> retry.RetryPolicy:
+    """Schedule fields win over task attributes, which win over the settings default."""
+    max_attempts = (
+        claim.max_attempts
+        or getattr(target, "max_attempts", None)
+        or conf.get().default_max_attempts
+    )
+    backoff = getattr(target, "retry_backoff", False)
+    base = float(backoff) if not isinstance(backoff, bool) and backoff else 1.0
+    cap = float(getattr(target, "retry_backoff_max", None) or 600)
+    return retry.RetryPolicy(
+        max_attempts=max_attempts,
+        backoff_base=base,
+        backoff_cap=max(cap, base),
+        permanent_errors=tuple(getattr(target, "permanent_errors", ()) or ()),
+        transient_errors=tuple(getattr(target, "transient_errors", ()) or ())
+        + tuple(getattr(target, "autoretry_for", ()) or ()),
+    )
+
+
+def _finish(action: str, call: Any, occurrence_id: str) -> bool:
+    """Run a fenced write, riding out a brief DB outage; False if it was rejected as stale."""
+    for attempt in range(_FINISH_TRIES):
+        try:
+            call()
+            return True
+        except errors.StaleWrite:
+            return False  # logged and counted by the store
+        except DatabaseError:
+            if attempt == _FINISH_TRIES - 1:
+                # The lease will expire and the reaper will re-run it; the idempotency
+                # record (if any) makes that re-run return the stored result.
+                logger.exception("could not record %s of %s", action, occurrence_id)
+                return False
+            SYSTEM_CLOCK.sleep(2**attempt)
+    return False
+
+
+def execute(
+    app: Any,
+    occurrence_id: str,
+    task: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    *,
+    worker_name: str,
+    clock: Clock = SYSTEM_CLOCK,
+    lease: timedelta | None = None,
+) -> dict[str, Any]:
+    """Claim, run and settle one occurrence; returns what happened (for logs and tests)."""
+    lease = worker.lease_or_default(lease)
+    claimed = worker.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
+    if not claimed.claimed:
+        return {"outcome": claimed.outcome.value, "reason": claimed.reason}
+    token = claimed.fencing_token
+    assert token is not None
+    target = app.tasks.get(task)
+    if target is None:
+        error = f"UnknownTask: no task {task!r} is registered in this worker"
+        _finish("failure", lambda: worker.fail(occurrence_id, token, error, clock=clock), task)
+        return {"outcome": "DEAD", "reason": error}
+    heartbeat = Heartbeat(occurrence_id, token, lease, clock)
+    heartbeat.start()
+    try:
+        with occurrence_context(occurrence_id):
+            value = target(*args, **kwargs)
+    except Exception as exc:
+        heartbeat.stop()
+        decision = retry.decide(
+            exc,
+            attempts_used=claimed.attempts_in_run,
+            policy=policy_for(target, claimed),
+            now=clock.now(),
+            deadline=claimed.deadline,
+            rng=random.Random(),
+        )
+        retry_at = None
+        if decision.delay is not None:
+            retry_at = clock.now() + timedelta(seconds=decision.delay)
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        error = f"{error}\n[{decision.reason}]"
+        ok = _finish(
+            "failure",
+            lambda: worker.fail(occurrence_id, token, error, retry_at=retry_at, clock=clock),
+            occurrence_id,
+        )
+        outcome = ("RETRY_WAIT" if retry_at else "DEAD") if ok else "STALE_WRITE"
+        return {"outcome": outcome, "reason": decision.reason, "token": token}
+    finally:
+        heartbeat.stop()
+    fault_point("worker.after_effect")
+    result = _jsonable(value)
+    ok = _finish(
+        "completion", lambda: worker.complete(occurrence_id, token, result, clock=clock), task
+    )
+    return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return as_json(value, "occurrence result")
+    except errors.NotJSONSerializable:
+        return {"repr": repr(value)[:1000]}
+
+
+@shared_task(
+    name="celery_scheduler.run_occurrence", bind=True, max_retries=None, ignore_result=True
+)
+def run_occurrence(
+    self: Task[Any, Any],
+    occurrence_id: str,
+    task: str,
+    args: list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    schedule_id: str | None = None,
+    schedule_version: int | None = None,
+    scheduled_for: str | None = None,
+) -> dict[str, Any]:
+    """Run one scheduled occurrence (see the module docstring)."""
+    worker_name = f"{self.request.hostname or 'worker'}/{os.getpid()}"
+    try:
+        outcome = execute(
+            self.app, occurrence_id, task, list(args or ()), dict(kwargs or {}),
+            worker_name=worker_name,
+        )  # fmt: skip
+    except errors.CoordinationUnavailable as exc:
+        # Nothing was claimed: re-sending this wrapper message cannot double-run anything.
+        countdown = min(60, 2 ** min(self.request.retries, 6))
+        logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
+        raise self.retry(exc=exc, countdown=countdown) from exc
+    logger.info(
+        "occurrence %s: %s",
+        occurrence_id,
+        outcome["outcome"],
+        extra={
+            "event": "occurrence_run",
+            "occurrence_id": occurrence_id,
+            "outcome": outcome["outcome"],
+        },
+    )
+    return outcome

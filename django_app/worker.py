@@ -1,0 +1,347 @@
+"""The worker's ORM store: claim, renew, complete, fail, reap and replay occurrences.
+
+Every state change is a conditional UPDATE checked by row count (``WHERE state IN
+sources_of(target) AND fencing_token = %s``); a zero count raises :class:`errors.StaleWrite`
+instead of overwriting a newer attempt. The database, not Python, is the boundary.
+
+Lock order is schedule row, then occurrence row, then concurrency slot rows, the same order
+the lifecycle API uses (schedule then occurrences), so claims cannot deadlock with pause or
+cancel. Locking the schedule row is also what makes the overlap policy atomic: two workers
+claiming occurrences of one schedule are serialized on it, so they cannot both see "none
+running".
+
+Unclaimed occurrences that must wait (QUEUE_ONE, or no free concurrency slot) go back to the
+outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a new Attempt:
+waiting is not a try and does not burn the retry budget. Retries and lease-expiry recovery
+reset the outbox the same way, so the relay republishes the same occurrence id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import F, Max, Q
+
+from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.states import TERMINAL, sources_of
+from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
+from django_app.worker_finish import (
+    complete,
+    count,
+    counters,
+    fail,
+    lease_or_default,
+    logger,
+    reap_expired,
+    renew,
+    replay_occurrence,
+    republish,
+    slot_owner,
+)
+
+#: How long an occurrence that must wait (QUEUE_ONE, no free slot) stays in the outbox.
+DEFER = timedelta(seconds=1)
+#: Marks the one occurrence a QUEUE_ONE schedule holds back while another runs.
+QUEUED_REASON = "overlap: queued behind a running occurrence"
+
+_LIVE = (S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT)
+
+
+class ClaimOutcome(StrEnum):
+    CLAIMED = "CLAIMED"  # run the body under fencing_token
+    DUPLICATE = "DUPLICATE"  # running under a live lease, or already finished: do nothing
+    STALE = "STALE"  # old schedule version or canceled: recorded, now CANCELED
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+    DEFERRED = "DEFERRED"  # back in the outbox until retry_at (overlap queue, no slot)
+    NOT_FOUND = "NOT_FOUND"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotLease:
+    key: str
+    slot: int
+    fencing_token: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimResult:
+    outcome: ClaimOutcome
+    occurrence_id: uuid.UUID
+    fencing_token: int | None = None
+    attempt_number: int | None = None
+    #: Attempts since the last dead-letter (a replay gets a fresh budget), this one included.
+    attempts_in_run: int = 0
+    slot: SlotLease | None = None
+    retry_at: datetime | None = None
+    reason: str = ""
+    #: The schedule's own retry bounds (None: use the task's or the settings' default).
+    max_attempts: int | None = None
+    deadline: datetime | None = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome is ClaimOutcome.CLAIMED
+
+
+def concurrency_key(schedule: Schedule) -> str:
+    return schedule.concurrency_group or f"schedule:{schedule.pk}"
+
+
+def claim(
+    occurrence_id: uuid.UUID | str,
+    *,
+    worker: str,
+    clock: Clock | None = None,
+    lease: timedelta | None = None,
+    defer: timedelta = DEFER,
+) -> ClaimResult:
+    """Claim an occurrence for ``worker`` in one transaction, or say why not.
+
+    Order: duplicate check (RUNNING under a live lease, or finished), schedule version and
+    cancellation re-check, overlap policy, concurrency slot, then ``-> RUNNING`` with
+    ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
+    when the database cannot be reached: nothing was claimed, so the caller may retry.
+    """
+    try:
+        return _claim(uuid.UUID(str(occurrence_id)), worker, clock or SYSTEM_CLOCK, lease, defer)
+    except (OperationalError, InterfaceError) as exc:
+        raise errors.CoordinationUnavailable(
+            f"cannot claim occurrence {occurrence_id}: database unavailable ({exc})"
+        ) from exc
+
+
+def _claim(
+    occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
+) -> ClaimResult:
+    lease = lease_or_default(lease)
+    schedule_id = Occurrence.objects.filter(pk=occ_id).values_list("schedule_id", flat=True).first()
+    if schedule_id is None:
+        return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().get(pk=schedule_id)
+        occ = Occurrence.objects.select_for_update().get(pk=occ_id)
+        now = clock.now()
+        state = S(occ.state)
+        live = state is S.RUNNING and occ.lease_expires_at and occ.lease_expires_at > now
+        if state in TERMINAL or state is S.DEAD or live:
+            count("duplicate_claims")
+            logger.info(
+                "duplicate delivery of occurrence %s (%s): body not run",
+                occ_id,
+                state,
+                extra={"event": "duplicate_claim", "occurrence_id": str(occ_id)},
+            )
+            return ClaimResult(outcome=ClaimOutcome.DUPLICATE, occurrence_id=occ_id, reason=state)
+        stale = _stale_reason(schedule, occ)
+        if stale:
+            return _mark_stale(occ, worker, now, stale)
+        held = _apply_overlap(schedule, occ, now, defer)
+        if held is not None:
+            return held
+        token = occ.fencing_token + 1
+        slot = None
+        if schedule.concurrency_limit:
+            key = concurrency_key(schedule)
+            slot = _acquire_slot(
+                key, schedule.concurrency_limit, slot_owner(occ_id, token), occ_id, now, lease
+            )
+            if slot is None:
+                return _defer(occ, now + defer, f"waiting for a concurrency slot of {key}")
+        return _start(schedule, occ, worker, now, lease, slot)
+
+
+def _stale_reason(schedule: Schedule, occ: Occurrence) -> str:
+    if schedule.state == ScheduleState.CANCELED:
+        return "schedule canceled"
+    # Manual (run now) occurrences survive version bumps, as the lifecycle API leaves them.
+    if not occ.manual and occ.schedule_version != schedule.version:
+        return f"schedule version {occ.schedule_version} superseded by {schedule.version}"
+    return ""
+
+
+def _lose_previous(occ: Occurrence, now: datetime) -> None:
+    """A RUNNING occurrence whose lease expired: its attempt lost the lease."""
+    if occ.state == S.RUNNING:
+        Attempt.objects.filter(
+            occurrence_id=occ.pk, fencing_token=occ.fencing_token, outcome=AttemptOutcome.RUNNING
+        ).update(outcome=AttemptOutcome.LOST, finished_at=now, error="lease expired")
+
+
+def _transition(occ: Occurrence, target: S, **fields: object) -> None:
+    """Move ``occ`` to ``target`` iff its state and fencing token are still the ones read."""
+    n = Occurrence.objects.filter(
+        pk=occ.pk,
+        fencing_token=occ.fencing_token,
+        state__in=[s.value for s in sources_of(target) if s.value == occ.state],
+    ).update(state=target.value, **fields)
+    if n != 1:
+        raise errors.StaleWrite(f"occurrence {occ.pk} changed under the claim lock ({occ.state})")
+
+
+def _mark_stale(occ: Occurrence, worker: str, now: datetime, reason: str) -> ClaimResult:
+    _lose_previous(occ, now)
+    token = occ.fencing_token + 1
+    number = occ.attempt_count + 1
+    _transition(
+        occ, S.CANCELED, fencing_token=token, attempt_count=number, finished_at=now,
+        reason=reason, lease_owner="", lease_expires_at=None,
+    )  # fmt: skip
+    Attempt.objects.create(
+        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker,
+        started_at=now, finished_at=now, outcome=AttemptOutcome.STALE, error=reason,
+    )  # fmt: skip
+    count("stale_occurrences")
+    logger.info(
+        "occurrence %s not run: %s",
+        occ.pk,
+        reason,
+        extra={"event": "occurrence_stale", "occurrence_id": str(occ.pk)},
+    )
+    return ClaimResult(outcome=ClaimOutcome.STALE, occurrence_id=occ.pk, reason=reason)
+
+
+def _apply_overlap(
+    schedule: Schedule, occ: Occurrence, now: datetime, defer: timedelta
+) -> ClaimResult | None:
+    policy = OverlapPolicy(schedule.overlap_policy)
+    if policy is OverlapPolicy.ALLOW:
+        return None
+    others = Occurrence.objects.filter(schedule_id=schedule.pk).exclude(pk=occ.pk)
+    if not others.filter(state=S.RUNNING, lease_expires_at__gt=now).exists():
+        return None
+    waiting = others.filter(state__in=[s.value for s in _LIVE], reason=QUEUED_REASON).exists()
+    if policy is OverlapPolicy.QUEUE_ONE and not waiting:
+        return _defer(occ, now + defer, QUEUED_REASON)
+    if occ.state == S.RUNNING:
+        # A re-claim after lease expiry: it already started once, so it is not "the next
+        # trigger"; let it wait instead of dropping work that may be half done.
+        return _defer(occ, now + defer, "overlap: re-claim waits for the running one")
+    _lose_previous(occ, now)
+    _transition(occ, S.SKIPPED_OVERLAP, finished_at=now, reason="overlap: another is running")
+    count("overlap_skips")
+    logger.info(
+        "occurrence %s skipped: schedule %s already running (%s)",
+        occ.pk,
+        schedule.pk,
+        policy,
+        extra={"event": "overlap_skip", "occurrence_id": str(occ.pk)},
+    )
+    return ClaimResult(
+        outcome=ClaimOutcome.SKIPPED_OVERLAP, occurrence_id=occ.pk, reason=str(policy)
+    )
+
+
+def _defer(occ: Occurrence, retry_at: datetime, reason: str) -> ClaimResult:
+    """Put an unclaimed occurrence back in the outbox until ``retry_at`` (no new Attempt)."""
+    if occ.state == S.RUNNING:  # expired lease being re-claimed: RUNNING -> ENQUEUED is illegal
+        _lose_previous(occ, retry_at)
+        target = S.RETRY_WAIT
+    else:
+        target = S.ENQUEUED
+    _transition(
+        occ, target, retry_at=retry_at, reason=reason, lease_owner="", lease_expires_at=None
+    )
+    republish(occ, retry_at)
+    count("deferred")
+    return ClaimResult(
+        outcome=ClaimOutcome.DEFERRED, occurrence_id=occ.pk, retry_at=retry_at, reason=reason
+    )
+
+
+def _acquire_slot(
+    key: str, limit: int, owner: str, occ_id: uuid.UUID, now: datetime, lease: timedelta
+) -> SlotLease | None:
+    """Take one of ``limit`` slots of ``key`` that is free or whose holder's lease expired.
+
+    The rows are created on first use (ON CONFLICT DO NOTHING). Each take is a conditional
+    UPDATE; on PostgreSQL a competing claimer blocks on the row and re-checks the condition
+    after the first one commits, so two claimers cannot both take one slot.
+    """
+    have = set(
+        ConcurrencySlot.objects.filter(key=key, slot__lt=limit).values_list("slot", flat=True)
+    )
+    if len(have) < limit:
+        ConcurrencySlot.objects.bulk_create(
+            [ConcurrencySlot(key=key, slot=i) for i in range(limit) if i not in have],
+            ignore_conflicts=True,
+        )
+    free = Q(owner="") | Q(expires_at__lt=now)
+    candidates = (
+        ConcurrencySlot.objects.filter(free, key=key, slot__lt=limit)
+        .order_by("slot")
+        .values_list("pk", "slot")
+    )
+    for pk, slot in list(candidates):
+        taken = (
+            ConcurrencySlot.objects.filter(free, pk=pk).update(
+                owner=owner,
+                occurrence_id=occ_id,
+                expires_at=now + lease,
+                fencing_token=F("fencing_token") + 1,
+            )
+            == 1
+        )
+        if taken:
+            token = ConcurrencySlot.objects.values_list("fencing_token", flat=True).get(pk=pk)
+            return SlotLease(key=key, slot=slot, fencing_token=token)
+    return None
+
+
+def _start(
+    schedule: Schedule,
+    occ: Occurrence,
+    worker: str,
+    now: datetime,
+    lease: timedelta,
+    slot: SlotLease | None,
+) -> ClaimResult:
+    _lose_previous(occ, now)
+    token = occ.fencing_token + 1
+    number = occ.attempt_count + 1
+    _transition(
+        occ, S.RUNNING, fencing_token=token, attempt_count=number, lease_owner=worker,
+        lease_expires_at=now + lease, started_at=now, finished_at=None, retry_at=None, reason="",
+    )  # fmt: skip
+    Attempt.objects.create(
+        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker, started_at=now
+    )
+    last_dead = Attempt.objects.filter(
+        occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+    ).aggregate(n=Max("number"))["n"]
+    deadline = None
+    if schedule.deadline_seconds:
+        deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)
+    return ClaimResult(
+        outcome=ClaimOutcome.CLAIMED,
+        occurrence_id=occ.pk,
+        fencing_token=token,
+        attempt_number=number,
+        attempts_in_run=number - (last_dead or 0),
+        slot=slot,
+        max_attempts=schedule.max_attempts,
+        deadline=deadline,
+    )
+
+
+__all__ = [
+    "ClaimOutcome",
+    "ClaimResult",
+    "SlotLease",
+    "claim",
+    "complete",
+    "concurrency_key",
+    "counters",
+    "fail",
+    "reap_expired",
+    "renew",
+    "replay_occurrence",
+    "republish",
+    "slot_owner",
+]

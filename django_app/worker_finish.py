@@ -1,0 +1,264 @@
+"""After the claim: renew, complete, fail, reap expired leases, replay dead letters.
+
+Split from :mod:`django_app.worker` (which re-exports everything here) to keep modules small.
+Each write is conditional on the attempt's fencing token and the RUNNING state, so a worker
+whose lease expired and was taken over cannot overwrite the newer attempt: it gets
+:class:`errors.StaleWrite` and the newer attempt's state stands. A concurrency slot is
+released or renewed only by the attempt that holds it (owner ``"<occurrence id>#<token>"``).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+
+from celery_scheduler import errors, metrics
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import AttemptOutcome
+from celery_scheduler.core.enums import OccurrenceState as S
+from django_app import conf
+from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
+
+logger = logging.getLogger("celery_scheduler.worker")
+#: Process-local counters (duplicate claims, stale writes, ...) for logs and tests.
+counters: collections.Counter[str] = collections.Counter()
+
+_ERROR_LIMIT = 4000
+_METRICS: dict[str, metrics.CounterName] = {
+    "duplicate_claims": "duplicate_claims_total",
+    "stale_writes": "claims_rejected_stale_total",
+    "retries": "retries_total",
+    "dead": "dead_total",
+    "overlap_skips": "overlap_skips_total",
+}
+
+
+def count(event: str) -> None:
+    """Count ``event`` locally (tests, logs) and in Prometheus where a metric exists."""
+    counters[event] += 1
+    metric = _METRICS.get(event)
+    if metric is not None:
+        metrics.inc(metric)
+
+
+def slot_owner(occurrence_id: uuid.UUID | str, token: int) -> str:
+    """The owner of a slot held by one attempt: only that attempt may renew or release it."""
+    return f"{occurrence_id}#{token}"
+
+
+def lease_or_default(lease: timedelta | None) -> timedelta:
+    return lease or timedelta(seconds=conf.get().occurrence_lease_seconds)
+
+
+def republish(occ: Occurrence, at: datetime) -> None:
+    """Make the relay publish ``occ`` again (same id) at ``at``: reset its outbox row."""
+    n = OutboxEntry.objects.filter(occurrence_id=occ.pk).update(
+        sent_at=None, available_at=at, claimed_by="", claim_expires_at=None
+    )
+    if n == 0:  # occurrences created without an outbox row (imports, tests)
+        shard, priority = Schedule.objects.values_list("shard", "priority").get(pk=occ.schedule_id)
+        OutboxEntry.objects.create(
+            occurrence_id=occ.pk, tenant_id=occ.tenant_id, shard=shard, priority=priority,
+            available_at=at,
+        )  # fmt: skip
+
+
+def _release_slot(occurrence_id: uuid.UUID, token: int) -> None:
+    ConcurrencySlot.objects.filter(owner=slot_owner(occurrence_id, token)).update(
+        owner="", occurrence_id=None, expires_at=None
+    )
+
+
+def _rejected(verb: str, occurrence_id: uuid.UUID, token: int) -> errors.StaleWrite:
+    count("stale_writes")
+    current = Occurrence.objects.filter(pk=occurrence_id).values("state", "fencing_token").first()
+    logger.warning(
+        "%s of occurrence %s with token %s rejected: now %s",
+        verb,
+        occurrence_id,
+        token,
+        current,
+        extra={"event": "stale_write", "occurrence_id": str(occurrence_id)},
+    )
+    return errors.StaleWrite(
+        f"{verb} of occurrence {occurrence_id} under fencing token {token} rejected: the "
+        f"occurrence is now {current} (a newer attempt or the reaper took over)"
+    )
+
+
+def renew(
+    occurrence_id: uuid.UUID | str,
+    token: int,
+    *,
+    clock: Clock | None = None,
+    lease: timedelta | None = None,
+) -> bool:
+    """Extend the occurrence lease and the attempt's slot lease; False if the token is stale.
+
+    False means another attempt (or the reaper) owns the occurrence now: stop renewing; the
+    completion will be rejected.
+    """
+    occ_id = uuid.UUID(str(occurrence_id))
+    now = (clock or SYSTEM_CLOCK).now()
+    expires = now + lease_or_default(lease)
+    with transaction.atomic():
+        n = Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
+            lease_expires_at=expires
+        )
+        if n != 1:
+            count("lease_lost")
+            return False
+        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(heartbeat_at=now)
+        ConcurrencySlot.objects.filter(owner=slot_owner(occ_id, token)).update(expires_at=expires)
+    return True
+
+
+def complete(
+    occurrence_id: uuid.UUID | str, token: int, result: Any = None, *, clock: Clock | None = None
+) -> None:
+    """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`."""
+    occ_id = uuid.UUID(str(occurrence_id))
+    now = (clock or SYSTEM_CLOCK).now()
+    with transaction.atomic():
+        n = Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
+            state=S.SUCCEEDED, finished_at=now, result=result, lease_owner="",
+            lease_expires_at=None, retry_at=None,
+        )  # fmt: skip
+        if n != 1:
+            raise _rejected("completion", occ_id, token)
+        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
+            outcome=AttemptOutcome.SUCCEEDED, finished_at=now, result=result
+        )
+        _release_slot(occ_id, token)
+
+
+def fail(
+    occurrence_id: uuid.UUID | str,
+    token: int,
+    error: str,
+    *,
+    retry_at: datetime | None = None,
+    clock: Clock | None = None,
+) -> S:
+    """RUNNING -> RETRY_WAIT (``retry_at`` given: republished then) or -> DEAD, iff fenced.
+
+    Returns the new state; raises :class:`errors.StaleWrite` if ``token`` is not current.
+    """
+    occ_id = uuid.UUID(str(occurrence_id))
+    now = (clock or SYSTEM_CLOCK).now()
+    target = S.RETRY_WAIT if retry_at is not None else S.DEAD
+    error = error[-_ERROR_LIMIT:]
+    with transaction.atomic():
+        n = Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
+            state=target, retry_at=retry_at, last_error=error, lease_owner="",
+            lease_expires_at=None, finished_at=now if target is S.DEAD else None,
+        )  # fmt: skip
+        if n != 1:
+            raise _rejected("failure", occ_id, token)
+        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
+            outcome=AttemptOutcome.RETRY if retry_at else AttemptOutcome.FAILED,
+            finished_at=now,
+            error=error,
+        )
+        _release_slot(occ_id, token)
+        if retry_at is not None:
+            republish(Occurrence.objects.get(pk=occ_id), retry_at)
+    count("retries" if retry_at else "dead")
+    return target
+
+
+def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
+    """Recover up to ``limit`` RUNNING occurrences whose lease expired; returns how many.
+
+    Each one's current Attempt becomes LOST and the occurrence RETRY_WAIT with its outbox
+    row reset (republished now, same id); if the lost attempt used up ``max_attempts``
+    (schedule's, else the settings default) it goes DEAD instead, so a body that always
+    kills its worker cannot loop forever. Cheap when nothing expired: one query over the
+    RUNNING rows (bounded by worker capacity) through the (state, ...) index.
+    """
+    now = (clock or SYSTEM_CLOCK).now()
+    expired = list(
+        Occurrence.objects.filter(state=S.RUNNING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values_list("pk", "fencing_token", "schedule__max_attempts")[:limit]
+    )
+    reaped = 0
+    default_max = conf.get().default_max_attempts
+    for occ_id, token, max_attempts in expired:
+        with transaction.atomic():
+            occ = (
+                Occurrence.objects.select_for_update()
+                .filter(pk=occ_id, fencing_token=token, state=S.RUNNING, lease_expires_at__lt=now)
+                .first()
+            )
+            if occ is None:  # renewed, completed or re-claimed since the scan
+                continue
+            used = occ.attempt_count - (
+                Attempt.objects.filter(
+                    occurrence_id=occ_id, outcome=AttemptOutcome.FAILED
+                ).aggregate(n=Max("number"))["n"]
+                or 0
+            )
+            dead = used >= (max_attempts or default_max)
+            error = f"lease expired at {occ.lease_expires_at:%Y-%m-%dT%H:%M:%S}Z"
+            error += (
+                f" ({occ.lease_owner}); attempts exhausted" if dead else f" ({occ.lease_owner})"
+            )
+            Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
+                state=S.DEAD if dead else S.RETRY_WAIT, retry_at=None if dead else now,
+                last_error=error, lease_owner="", lease_expires_at=None,
+                finished_at=now if dead else None,
+            )  # fmt: skip
+            Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
+                outcome=AttemptOutcome.FAILED if dead else AttemptOutcome.LOST,
+                finished_at=now,
+                error=error,
+            )
+            _release_slot(occ_id, token)
+            if not dead:
+                republish(occ, now)
+            reaped += 1
+            count("dead" if dead else "leases_reaped")
+            logger.warning(
+                "occurrence %s: %s -> %s",
+                occ_id,
+                error,
+                "DEAD" if dead else "RETRY_WAIT",
+                extra={"event": "lease_expired", "occurrence_id": str(occ_id)},
+            )
+    return reaped
+
+
+def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
+    """DEAD -> ENQUEUED with the same id; attempts and last_error are kept for audit.
+
+    The replayed run gets a fresh ``max_attempts`` budget (attempts are counted from the
+    last FAILED one). Raises :class:`errors.OccurrenceNotFound` or
+    :class:`errors.InvalidStateTransition` (only DEAD occurrences can be replayed).
+    """
+    now = (clock or SYSTEM_CLOCK).now()
+    try:
+        occ_id = uuid.UUID(str(occurrence_id))
+    except ValueError:
+        raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}") from None
+    with transaction.atomic():
+        occ = Occurrence.objects.select_for_update().filter(pk=occ_id).first()
+        if occ is None:
+            raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}")
+        n = Occurrence.objects.filter(pk=occ_id, state=S.DEAD).update(
+            state=S.ENQUEUED, retry_at=None, finished_at=None, reason=f"replayed at {now:%c}"
+        )
+        if n != 1:
+            raise errors.InvalidStateTransition(
+                f"occurrence {occ_id} is {occ.state}; only DEAD occurrences can be replayed"
+            )
+        republish(occ, now)
+        occ.refresh_from_db()
+    count("replays")
+    return occ
