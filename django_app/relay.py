@@ -328,11 +328,20 @@ class LookaheadRelay:
             return _publish_rows(rows, self.clock, self.publisher)
 
     def _claim_ahead(self) -> RelayReport:
-        room = self.max_held - len(self.dispatcher)
-        if room <= 0:
-            return RelayReport()
+        """Claim rows due within the window, batch after batch, until none or full."""
+        report = RelayReport()
+        batch_size = conf.get().batch_size
+        while True:
+            size = min(self.max_held - len(self.dispatcher), batch_size)
+            if size <= 0:
+                return report
+            one = self._claim_ahead_batch(size)
+            report += one
+            if one.held + one.released < size:
+                return report
+
+    def _claim_ahead_batch(self, size: int) -> RelayReport:
         now = self.clock.now()
-        size = min(room, conf.get().batch_size)
         lease = timedelta(seconds=conf.get().lease_seconds)
         candidates = _due_rows(now, self.token, self.shards, until=now + self.lookahead)
         candidates = candidates.filter(available_at__gt=now)

@@ -1,0 +1,211 @@
+"""``celery beat`` scheduler backed by the database: many beat processes may run at once.
+
+Use it with ``CELERY_BEAT_SCHEDULER = "celery_scheduler.beat:DatabaseScheduler"`` or
+``celery -A proj beat -S celery_scheduler.beat:DatabaseScheduler``.
+
+The beat loop contract (:meth:`DatabaseScheduler.tick`, called by Celery's beat service,
+which sleeps for the returned number of seconds):
+
+1. every ``poll_interval`` seconds: materialize due schedules (``materialize_due``), relay
+   rows already due, and claim rows due within ``lookahead`` into the in-memory dispatcher;
+2. on every tick: publish the held rows whose ``available_at`` has come;
+3. return the seconds until the earlier of the next held row and the next poll, bounded by
+   ``max_interval``, so a strict occurrence is published at its time, not at the next poll.
+
+No locks are taken between beat processes: the occurrence unique key, the conditional cursor
+update, ``SKIP LOCKED``/claims on the outbox and the conditional "mark sent" make concurrent
+beats safe. A database or broker error is logged and the loop backs off exponentially (up to
+``max_interval``) and tries again; nothing is published without the database, and nothing is
+marked sent that the broker did not accept.
+
+Django is imported lazily (``django.setup()`` is called if the app registry is not ready), so
+importing this module costs nothing in processes that never start beat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery import beat
+
+from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+
+if TYPE_CHECKING:
+    from django_app.relay import LookaheadRelay
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between database polls (materialize + claim ahead).
+DEFAULT_POLL_INTERVAL = 1.0
+#: How far ahead the relay claims rows into its dispatcher.
+DEFAULT_LOOKAHEAD = timedelta(seconds=3)
+#: First back-off after an error; doubles up to max_interval.
+BACKOFF_START = 0.5
+
+
+def ensure_django() -> None:
+    """Set Django up if the process has not (``celery beat`` does not)."""
+    from django.apps import apps
+
+    if not apps.ready:
+        import django
+
+        django.setup()
+
+
+def node_name() -> str:
+    return f"beat@{socket.gethostname()}:{os.getpid()}"
+
+
+class DatabaseScheduler(beat.Scheduler):
+    """A :class:`celery.beat.Scheduler` whose schedule lives in the database.
+
+    Keyword arguments beyond Celery's: ``clock``, ``publisher`` (default: the Celery
+    publisher of ``app``), ``poll_interval`` (seconds), ``lookahead`` (timedelta).
+    """
+
+    #: Celery's default (300 s) is far too long for a loop that must wake for strict work.
+    max_interval = 5
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        self.clock: Clock = kwargs.pop("clock", None) or SYSTEM_CLOCK
+        self._publisher = kwargs.pop("publisher", None)
+        self.poll_interval = float(kwargs.pop("poll_interval", DEFAULT_POLL_INTERVAL))
+        self.lookahead: timedelta = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
+        kwargs.pop("schedule_filename", None)  # Celery passes it; we keep no file
+        self.node = node_name()
+        self._relay: LookaheadRelay | None = None
+        self._synced = False
+        self._next_poll = 0.0
+        self._backoff = 0.0
+        super().__init__(app, *args, **kwargs)
+
+    # -- celery.beat.Scheduler API ----------------------------------------------------------
+
+    def setup_schedule(self) -> None:
+        """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down)."""
+        ensure_django()
+        self._sync_static()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One step of the loop (module docstring); returns seconds to sleep."""
+        try:
+            self._step()
+        except Exception as exc:
+            return self._failed(exc)
+        self._backoff = 0.0
+        return self._sleep_time()
+
+    def sync(self) -> None:
+        """Nothing to persist: every state change was committed when it happened."""
+
+    def close(self) -> None:
+        relay, self._relay = self._relay, None
+        if relay is None:
+            return
+        try:
+            released = relay.close()
+            logger.info("beat %s: released %d held claim(s)", self.node, released)
+        except Exception:  # the claims expire on their own
+            logger.warning("beat %s: could not release held claims", self.node, exc_info=True)
+
+    @property
+    def info(self) -> str:
+        return (
+            f"    . db scheduler -> node {self.node}, poll {self.poll_interval:g}s, "
+            f"lookahead {self.lookahead.total_seconds():g}s"
+        )
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _sync_static(self) -> None:
+        from django_app import static_sync
+
+        try:
+            report = static_sync.sync_app(self.app, clock=self.clock)
+        except Exception:
+            logger.warning("beat %s: beat_schedule sync failed; will retry", self.node,
+                           exc_info=True)  # fmt: skip
+            self._close_db()
+            return
+        self._synced = True
+        if report.created or report.updated or report.failed:
+            logger.info(
+                "beat_schedule synced: created %s, updated %s, unchanged %d, failed %s",
+                report.created, report.updated, len(report.unchanged), report.failed,
+            )  # fmt: skip
+
+    def _relay_or_create(self) -> LookaheadRelay:
+        if self._relay is None:
+            from django_app.relay import LookaheadRelay
+
+            publisher = self._publisher
+            if publisher is None:
+                from celery_scheduler.publishers import celery_publisher
+
+                publisher = celery_publisher(self.app)
+            self._relay = LookaheadRelay(
+                clock=self.clock, publisher=publisher, node=self.node, lookahead=self.lookahead
+            )
+        return self._relay
+
+    def _step(self) -> None:
+        ensure_django()
+        if not self._synced:
+            self._sync_static()
+        relay = self._relay_or_create()
+        relay.publish_held()
+        if self.clock.monotonic() >= self._next_poll:
+            from django_app.materializer import materialize_due
+
+            materialize_due(clock=self.clock, node=self.node)
+            relay.poll()
+            relay.publish_held()  # rows claimed just now may be due already
+            self._next_poll = self.clock.monotonic() + self.poll_interval
+
+    def _sleep_time(self) -> float:
+        wait = max(self._next_poll - self.clock.monotonic(), 0.0)
+        relay = self._relay
+        due_at = relay.next_due_at() if relay is not None else None
+        if due_at is not None:
+            wait = min(wait, max((due_at - self.clock.now()).total_seconds(), 0.0))
+        return min(wait, float(self.max_interval))
+
+    def _failed(self, exc: Exception) -> float:
+        self._backoff = min(max(self._backoff * 2, BACKOFF_START), float(self.max_interval))
+        kind = "broker" if isinstance(exc, errors.CoordinationUnavailable) else "database"
+        logger.error(
+            "beat %s: %s unavailable (%s: %s); retrying in %.1fs",
+            self.node, kind, type(exc).__name__, exc, self._backoff,
+            exc_info=not _is_coordination_error(exc),
+        )  # fmt: skip
+        if not isinstance(exc, errors.CoordinationUnavailable):
+            self._close_db()
+        return self._backoff
+
+    def _close_db(self) -> None:
+        # A broken connection stays broken inside Django until closed; the next query
+        # reconnects.
+        try:
+            from django.db import connection
+
+            if not connection.in_atomic_block:  # (tests run inside one)
+                connection.close()
+        except Exception:  # closing a dead connection may raise too
+            logger.debug("closing the database connection failed", exc_info=True)
+
+
+def _is_coordination_error(exc: Exception) -> bool:
+    """Expected outages (logged without a traceback) vs. bugs (logged with one)."""
+    if isinstance(exc, errors.CoordinationUnavailable):
+        return True
+    try:
+        from django.db import DatabaseError, InterfaceError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, DatabaseError | InterfaceError)
