@@ -92,6 +92,7 @@ CELERY_SCHEDULER = {
         ("shard_count", os.environ.get("CELERY_SCHEDULER_SHARDS")),
         ("horizon_seconds", os.environ.get("CELERY_SCHEDULER_HORIZON")),
         ("occurrence_lease_seconds", os.environ.get("CELERY_SCHEDULER_OCCURRENCE_LEASE")),
+        ("lease_seconds", os.environ.get("CELERY_SCHEDULER_LEASE_SECONDS")),
     )
     if value
 }
