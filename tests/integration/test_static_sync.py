@@ -18,7 +18,7 @@ from django_app.models import Schedule
 def a_solar(event: str, lat: float, lon: float) -> solar:
     """A solar schedule without the optional ``ephem`` package its constructor imports."""
     value = solar.__new__(solar)
-    value.event, value.lat, value.lon = event, lat, lon
+    value.event, value.lat, value.lon = event, lat, lon  # type: ignore[assignment]
     return value
 
 
@@ -31,7 +31,7 @@ def a_solar(event: str, lat: float, lon: float) -> solar:
             crontab(minute="*/5", hour="9-17", day_of_week="mon-fri", day_of_month="1-7"),
             {"cron": "*/5 9-17 1-7 * mon-fri", "timezone": "Asia/Kolkata"},
         ),
-        (crontab(minute={0, 30}), {"cron": "0,30 * * * *", "timezone": "Asia/Kolkata"}),
+        (crontab(minute=[30, 0]), {"cron": "0,30 * * * *", "timezone": "Asia/Kolkata"}),
         (timedelta(minutes=2), {"interval": 120}),
         (30, {"interval": 30}),
         (45.0, {"interval": 45}),
