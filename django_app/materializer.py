@@ -19,6 +19,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Model, Q
 
+from celery_scheduler import metrics
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
@@ -123,11 +124,14 @@ def materialize_due(
     releases: dict[int, datetime] = {}
     lost: set[int] = set()
     last: tuple[datetime, uuid.UUID] | None = None
+    oldest: datetime | None = None
     while True:
         page = due
         if last is not None:
             page = due.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
         batch = list(page[:batch_size])
+        if last is None and batch:
+            oldest = batch[0].next_run_at
         for schedule in batch:
             if schedule.shard in lost:
                 continue
@@ -146,9 +150,22 @@ def materialize_due(
             break
         assert batch[-1].next_run_at is not None
         last = (batch[-1].next_run_at, batch[-1].id)
+    _record_metrics(report, oldest_cursor=oldest, now=now)
     if report.stale_cursor or report.fenced or report.history_jumped:
         logger.info("materialize node=%s %s", node, report)
     return report
+
+
+def _record_metrics(
+    report: MaterializeReport, *, oldest_cursor: datetime | None, now: datetime
+) -> None:
+    metrics.inc("materialized_total", report.occurrences_created)
+    metrics.inc("uniqueness_conflicts_total", report.conflicts)
+    metrics.inc("missed_total", report.missed)
+    metrics.inc("claims_rejected_stale_total", report.stale_cursor + report.fenced)
+    # Only on-time work is "lag"; a cursor inside the horizon is ahead, not behind.
+    lag = 0.0 if oldest_cursor is None else max((now - oldest_cursor).total_seconds(), 0.0)
+    metrics.set_gauge("materialization_lag_seconds", lag)
 
 
 def _materialize_one(

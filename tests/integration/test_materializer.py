@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from celery_scheduler import metrics
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleState
@@ -253,8 +254,11 @@ def test_an_existing_occurrence_is_a_counted_conflict(tenant: Tenant, clock: Fro
         scheduled_for=NOW,
         available_at=NOW,
     )
+    m = metrics.reset()
     report = materialize_due(clock=clock, horizon=MINUTE)
     assert report.conflicts == 1
+    assert m.value("celery_scheduler_uniqueness_conflicts_total") == 1
+    assert m.value("celery_scheduler_materialized_total") == 1
     assert report.occurrences_created == 1
     assert not OutboxEntry.objects.filter(occurrence_id=occ_id).exists()
     assert Occurrence.objects.filter(schedule=s).count() == 2
