@@ -78,7 +78,8 @@ def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(
     clock.advance(LEASE + timedelta(seconds=1))
     new = claim(occ, clock, "fast")
     assert new.outcome is ClaimOutcome.CLAIMED
-    assert old.fencing_token is not None and new.fencing_token == old.fencing_token + 1
+    assert old.fencing_token is not None
+    assert new.fencing_token == old.fencing_token + 1
     assert not worker.renew(occ.id, old.fencing_token, clock=clock, lease=LEASE)
     with pytest.raises(errors.StaleWrite, match="token 1 rejected"):
         worker.complete(occ.id, old.fencing_token, "late", clock=clock)
@@ -170,7 +171,11 @@ def test_dead_then_replay_keeps_the_id_history_and_gives_a_fresh_budget(
         worker.replay_occurrence(make_occurrence(make_schedule(tenant), clock.now()).id)
     clock.advance(60)
     replayed = worker.replay_occurrence(occ.id, clock=clock)
-    assert (replayed.id, replayed.state, replayed.last_error) == (occ.id, S.ENQUEUED, "TypeError: bad")
+    assert (replayed.id, replayed.state, replayed.last_error) == (
+        occ.id,
+        S.ENQUEUED,
+        "TypeError: bad",
+    )
     outbox = OutboxEntry.objects.get(occurrence=occ)
     assert (outbox.sent_at, outbox.available_at) == (None, clock.now())
     again = claim(occ, clock)
@@ -257,7 +262,8 @@ def test_concurrency_cap_shared_by_a_group_and_released_only_by_the_holder(
     b = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
     occ_a, occ_b = make_occurrence(a, clock.now()), make_occurrence(b, clock.now())
     held = claim(occ_a, clock)
-    assert held.slot is not None and held.slot.key == "invoices"
+    assert held.slot is not None
+    assert held.slot.key == "invoices"
     waiting = claim(occ_b, clock)
     assert waiting.outcome is ClaimOutcome.DEFERRED
     assert "concurrency slot" in waiting.reason
@@ -266,7 +272,8 @@ def test_concurrency_cap_shared_by_a_group_and_released_only_by_the_holder(
     # The holder's lease expires and b takes the slot; a's late completion must not free it.
     clock.advance(LEASE + timedelta(seconds=1))
     taken = claim(occ_b, clock)
-    assert taken.claimed and taken.slot is not None
+    assert taken.claimed
+    assert taken.slot is not None
     assert taken.slot.fencing_token == held.slot.fencing_token + 1
     assert held.fencing_token is not None
     worker.complete(occ_a.id, held.fencing_token, None, clock=clock)  # token still current
