@@ -26,6 +26,7 @@ KNOWN_POINTS = frozenset(
         "materialize.after_commit",
         "relay.after_publish",
         "relay.before_mark",
+        "worker.after_effect",
     }
 )
 
