@@ -133,7 +133,7 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
     ):
         raise PermissionDenied
     schedule_id = request.GET.get("schedule")
-    params: dict[str, str] = dict(request.GET.items())
+    params: dict[str, str] = {k: str(v) for k, v in request.GET.items()}
     if schedule_id:
         # Previewing a stored schedule: only one the user can see, with its stored timing.
         from django_app.models import Schedule
@@ -148,7 +148,7 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
             "interval_seconds": str(schedule.interval_seconds or ""),
             "run_at": schedule.run_at.isoformat() if schedule.run_at else "",
             "start_at": schedule.start_at.isoformat() if schedule.start_at else "",
-            **{k: v for k, v in request.GET.items() if k == "from"},
+            "from": str(request.GET.get("from", "")),
         }
     body, status = preview_payload(params, now=clock.now())
     return JsonResponse(body, status=status)

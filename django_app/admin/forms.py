@@ -74,7 +74,7 @@ class TimezoneWidget(forms.TextInput):
         return context
 
 
-class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
+class ScheduleForm(forms.ModelForm):
     """Saving the form calls ``create_schedule`` / ``update_schedule``; their validation
     errors land on the field they name."""
 
@@ -126,10 +126,10 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
         self.lifecycle_result: Any = None
         for name in ("args", "kwargs"):
             self.fields[name].widget.attrs.update({"rows": 2, "class": "cs-mono"})
-        self.fields["task"].choices = self._task_choices()
+        self.fields["task"].choices = self._task_choices()  # type: ignore[attr-defined]
         if "tenant" in self.fields:
             self.fields["tenant"].required = False
-            self.fields["tenant"].empty_label = _("(default tenant)")
+            self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]
 
     def _task_choices(self) -> list[tuple[str, str]]:
         from django_app.validation import registered_task_names

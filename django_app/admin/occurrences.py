@@ -42,7 +42,7 @@ class ReadOnlyMixin:
         return False
 
 
-class AttemptInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
+class AttemptInline(ReadOnlyMixin, admin.TabularInline):
     model = Attempt
     extra = 0
     fields = (
@@ -195,7 +195,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> Any:
         base = reverse("admin:django_app_occurrence_changelist")
-        keep = {k: v for k, v in request.GET.items() if k == "schedule"}
+        keep = {k: str(v) for k, v in request.GET.items() if k == "schedule"}
         current = request.GET.get("state__exact")
         scoped = self.get_queryset(request)
         tabs = [
@@ -212,7 +212,9 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             )
             for label, state in TABS
         ]
-        title = _("Dead letters") if current == OccurrenceState.DEAD.value else _("Occurrences")
+        title: Any = (
+            _("Dead letters") if current == OccurrenceState.DEAD.value else _("Occurrences")
+        )
         schedule = None
         if keep:
             schedule = Schedule.objects.filter(

@@ -45,9 +45,9 @@ class Overview:
 
     @property
     def oldest_unsent_age(self) -> float | None:
-        return (
-            None if self.oldest_unsent is None else (self.now - self.oldest_unsent).total_seconds()
-        )
+        if self.oldest_unsent is None:
+            return None
+        return (self.now - self.oldest_unsent).total_seconds()
 
     @property
     def oldest_pending_age(self) -> float | None:
@@ -76,7 +76,7 @@ def _lag_rows(occurrences: QuerySet[Occurrence], now: datetime) -> list[tuple[da
         .order_by("-scheduled_for")
         .values_list("scheduled_for", "enqueued_at")[:MAX_LAG_ROWS]
     )
-    return [(s, (e - s).total_seconds()) for s, e in rows]
+    return [(s, (e - s).total_seconds()) for s, e in rows if e is not None]
 
 
 def _sql_percentiles(occurrences: QuerySet[Occurrence], now: datetime) -> list[float | None]:
@@ -169,19 +169,20 @@ def lag_chart_svg(
     def y(value: float) -> float:
         return top + plot_h - plot_h * max(value, 0.0) / ceiling
 
+    # format_html escapes its arguments into strings, so numbers are formatted first.
     bars = format_html_join(
         "",
-        '<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}">'
-        "<title>{} min ago: worst lag {:.2f} s</title></rect>",
+        '<rect x="{}" y="{}" width="{}" height="{}" class="{}">'
+        "<title>{} min ago: worst lag {} s</title></rect>",
         (
             (
-                left + i * bar_w + 1,
-                y(value),
-                max(bar_w - 2, 1),
-                top + plot_h - y(value),
+                f"{left + i * bar_w + 1:.1f}",
+                f"{y(value):.1f}",
+                f"{max(bar_w - 2, 1):.1f}",
+                f"{top + plot_h - y(value):.1f}",
                 "cs-bar-bad" if value > slo_seconds else "cs-bar-ok",
                 minute,
-                value,
+                f"{value:.2f}",
             )
             for i, (minute, value) in enumerate(by_minute)
             if value is not None
@@ -192,9 +193,9 @@ def lag_chart_svg(
         '<svg class="cs-chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
         'aria-label="Worst schedule lag per minute, last hour">'
         '<line x1="{l}" y1="{base}" x2="{w}" y2="{base}" class="cs-axis"/>'
-        '<line x1="{l}" y1="{slo:.1f}" x2="{w}" y2="{slo:.1f}" class="cs-slo"/>'
-        '<text x="{l2}" y="{slo_t:.1f}" class="cs-label">SLO {s:g} s</text>'
-        '<text x="0" y="{top_t}" class="cs-label">{c:.1f} s</text>'
+        '<line x1="{l}" y1="{slo}" x2="{w}" y2="{slo}" class="cs-slo"/>'
+        '<text x="{l2}" y="{slo_t}" class="cs-label">SLO {s} s</text>'
+        '<text x="0" y="{top_t}" class="cs-label">{c} s</text>'
         '<text x="0" y="{base}" class="cs-label">0 s</text>'
         '<text x="{l}" y="{h}" class="cs-label">-60 min</text>'
         '<text x="{w}" y="{h}" text-anchor="end" class="cs-label">now</text>'
@@ -204,10 +205,10 @@ def lag_chart_svg(
         l=left,
         l2=left + 4,
         base=top + plot_h,
-        slo=slo_y,
-        slo_t=slo_y - 3,
-        s=slo_seconds,
+        slo=f"{slo_y:.1f}",
+        slo_t=f"{slo_y - 3:.1f}",
+        s=f"{slo_seconds:g}",
         top_t=top + 8,
-        c=ceiling,
+        c=f"{ceiling:.1f}",
         bars=bars,
     )

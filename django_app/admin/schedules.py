@@ -8,7 +8,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -153,7 +152,10 @@ class ScheduleAdmin(TenantScopedAdmin):
             messages.info(
                 request,
                 format_html(
-                    _("“{}” is now version {}: {}."), obj.name, result.version, result.describe()
+                    str(_("“{}” is now version {}: {}.")),
+                    obj.name,
+                    result.version,
+                    result.describe(),
                 ),
             )
         elif change:
@@ -205,7 +207,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         url = (
             reverse("admin:django_app_occurrence_changelist")
             + "?"
-            + urlencode({"schedule": obj.pk})
+            + urlencode({"schedule": str(obj.pk)})
         )
         return format_html(
             '<a href="{}">{}</a> {}', url, display.badge(obj.last_state), display.lag(lag)
@@ -227,7 +229,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         url = (
             reverse("admin:django_app_occurrence_changelist")
             + "?"
-            + urlencode({"schedule": obj.pk})
+            + urlencode({"schedule": str(obj.pk)})
         )
         total = Occurrence.objects.filter(schedule=obj).count()
         rows = format_html_join(
@@ -323,7 +325,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         change: bool = False,
         form_url: str = "",
         obj: Any = None,
-    ) -> TemplateResponse:
+    ) -> HttpResponse:
         context["preview_url"] = reverse("admin:django_app_schedule_preview")
         context["tenant_name"] = None if sees_all_tenants(request) else tenant_of(request)
         if obj is not None and self.has_change_permission(request, obj):

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
-from django.http import Http404, HttpRequest, HttpResponseBase
+from django.http import Http404, HttpRequest
 
 from django_app.models import Tenant, TenantMembership
 
@@ -31,7 +32,8 @@ def tenant_of(request: HttpRequest) -> Tenant | None:
             )
             tenant = membership.tenant if membership else None
         setattr(request, _CACHE_ATTR, tenant)
-    return getattr(request, _CACHE_ATTR)  # type: ignore[no-any-return]
+    tenant_or_none: Tenant | None = getattr(request, _CACHE_ATTR)
+    return tenant_or_none
 
 
 def sees_all_tenants(request: HttpRequest) -> bool:
@@ -53,7 +55,7 @@ def has_scope(request: HttpRequest) -> bool:
     return sees_all_tenants(request) or tenant_of(request) is not None
 
 
-class TenantScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TenantScopedAdmin(admin.ModelAdmin):
     """ModelAdmin whose queryset, objects, actions and filters stop at the user's tenant."""
 
     #: ORM path from the model to its Tenant.
@@ -90,10 +92,10 @@ class TenantScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return has_scope(request) and super().has_view_permission(request, obj)
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any], *args: Any) -> Any:
         # A selected id that the user cannot see means a forged or stale form: refuse the
         # whole action instead of silently acting on the visible subset.
-        selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
         select_across = request.POST.get("select_across") == "1"
         if selected and not select_across:
             visible = {
@@ -104,8 +106,7 @@ class TenantScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             }
             if visible != set(selected):
                 raise PermissionDenied("Some selected objects are not in your tenant.")
-        response: HttpResponseBase | None = super().response_action(request, queryset)
-        return response
+        return super().response_action(request, queryset, *args)
 
 
 def _valid_pks(model: type[Model], values: list[str]) -> list[Any]:
@@ -120,7 +121,7 @@ def _valid_pks(model: type[Model], values: list[str]) -> list[Any]:
     return pks
 
 
-class SuperuserOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class SuperuserOnlyAdmin(admin.ModelAdmin):
     """Tenants and memberships decide who sees what, so only superusers manage them."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -139,7 +140,7 @@ class SuperuserOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return sees_all_tenants(request)
 
 
-class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
+class MembershipInline(admin.TabularInline):
     model = TenantMembership
     extra = 0
     autocomplete_fields = ()

@@ -23,7 +23,9 @@ TASK = "billing.ping"
 def tenants(db: None) -> dict[str, Any]:
     from django_app.models import Tenant
 
-    return {slug: Tenant.objects.create(slug=slug, name=slug.title()) for slug in ("acme", "globex")}
+    return {
+        slug: Tenant.objects.create(slug=slug, name=slug.title()) for slug in ("acme", "globex")
+    }
 
 
 def make_user(

@@ -1,0 +1,161 @@
+"""The preview endpoint and the overview page (numbers, percentiles, chart)."""
+
+# The fixtures are imported from admin_support, so their parameters shadow the imports.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from django_app.admin.overview import lag_percentiles, nearest_rank
+from tests.conftest import is_postgres
+from tests.integration.admin_support import (  # noqa: F401 (fixtures)
+    add_occurrence,
+    login,
+    make_schedule,
+    tenants,
+    users,
+)
+
+pytestmark = pytest.mark.django_db
+
+PREVIEW = reverse("admin:django_app_schedule_preview")
+OVERVIEW = reverse("admin:django_app_overview")
+
+
+class TestPreview:
+    def test_berlin_spring_forward_skips_the_missing_day(self, login: Any) -> None:
+        body = (
+            login("acme")
+            .get(PREVIEW, {"cron": "30 2 * * *", "timezone": "Europe/Berlin", "from": "2026-03-27"})
+            .json()
+        )
+        assert body["ok"]
+        assert body["description"] == "At 02:30 (Europe/Berlin)"
+        local = [r["local_display"] for r in body["rows"]]
+        utc = [r["utc_display"] for r in body["rows"]]
+        assert len(local) == 10
+        assert local[:3] == [
+            "Fri 27 Mar 2026 02:30 CET",
+            "Sat 28 Mar 2026 02:30 CET",
+            "Mon 30 Mar 2026 02:30 CEST",  # 29 March 02:30 does not exist
+        ]
+        assert utc[:3] == ["2026-03-27 01:30 UTC", "2026-03-28 01:30 UTC", "2026-03-30 00:30 UTC"]
+        flagged = [i for i, r in enumerate(body["rows"]) if r["dst"]]
+        assert flagged == [2]
+        assert "skipped" in body["rows"][2]["note"]
+
+    def test_fall_back_marks_the_repeated_hour(self, login: Any) -> None:
+        body = (
+            login("acme")
+            .get(PREVIEW, {"cron": "30 2 * * *", "timezone": "Europe/Berlin", "from": "2026-10-24"})
+            .json()
+        )
+        rows = body["rows"]
+        assert rows[1]["local_display"] == "Sun 25 Oct 2026 02:30 CEST"  # runs once, first pass
+        assert rows[1]["dst"]
+        assert "once" in rows[1]["note"]
+
+    @pytest.mark.parametrize(
+        ("params", "field"),
+        [
+            ({"cron": "61 * * * *"}, "cron"),
+            ({"cron": "* * *"}, "cron"),
+            ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "timezone"),
+            ({"kind": "INTERVAL", "interval_seconds": "0"}, "interval_seconds"),
+            ({"kind": "ONE_OFF"}, "run_at"),
+            ({"cron": "* * * * *", "from": "yesterday"}, "from"),
+        ],
+    )
+    def test_errors_name_the_field(self, login: Any, params: dict[str, str], field: str) -> None:
+        response = login("acme").get(PREVIEW, params)
+        assert response.status_code == 400
+        assert field in response.json()["errors"]
+
+    def test_interval_and_one_off(self, login: Any) -> None:
+        client = login("acme")
+        interval = client.get(
+            PREVIEW,
+            {"kind": "INTERVAL", "interval_seconds": "3600", "start_at": "2030-01-01 00:00"},
+        ).json()
+        assert interval["description"].startswith("Every 1 hour")
+        assert interval["rows"][0]["utc_display"] == "2030-01-01 00:00 UTC"
+        assert interval["rows"][1]["utc_display"] == "2030-01-01 01:00 UTC"
+        once = client.get(PREVIEW, {"kind": "ONE_OFF", "run_at": "2030-05-01 10:00"}).json()
+        assert [r["utc_display"] for r in once["rows"]] == ["2030-05-01 10:00 UTC"]
+
+    def test_anonymous_is_sent_to_login(self, client: Any) -> None:
+        response = client.get(PREVIEW, {"cron": "* * * * *"})
+        assert response.status_code == 302
+        assert "/login/" in response["Location"]
+
+
+class TestOverview:
+    def test_counts_backlog_oldest_and_percentiles(self, login: Any, make_schedule: Any) -> None:
+        from django_app.models import OutboxEntry
+
+        schedule = make_schedule()
+        for i, lag in enumerate([0.1 * n for n in range(1, 101)]):  # 0.1 .. 10.0 s
+            add_occurrence(schedule, minutes_ago=1 + i * 0.5, lag=lag)
+        add_occurrence(schedule, state="DEAD", minutes_ago=120)
+        stale = add_occurrence(schedule, state="SCHEDULED", minutes_ago=0.2, lag=None)
+        OutboxEntry.objects.create(
+            occurrence=stale, tenant=schedule.tenant, available_at=stale.available_at
+        )
+        response = login("acme").get(OVERVIEW)
+        assert response.status_code == 200
+        stats = response.context["stats"]
+        assert (stats.lag_p50, stats.lag_p95, stats.lag_p99) == pytest.approx((5.0, 9.5, 9.9))
+        assert stats.lag_samples == 100
+        assert dict(stats.state_counts)["SUCCEEDED"] == 100
+        assert stats.dead_total == 1
+        assert (stats.outbox_backlog, stats.outbox_due) == (1, 1)
+        assert stats.oldest_pending.pk == stale.pk
+        html = response.content.decode()
+        assert "<svg" in html
+        assert "cs-bar-bad" in html
+        assert "cs-bar-ok" in html
+        assert "9.90 s" in html  # p99, over the SLO
+        assert "1 dead letter" in html
+
+    def test_empty_overview_renders(self, login: Any) -> None:
+        response = login("acme").get(OVERVIEW)
+        assert response.status_code == 200
+        assert response.context["stats"].lag_p99 is None
+        assert "Nothing is waiting" in response.content.decode()
+
+
+def test_nearest_rank_matches_definition() -> None:
+    values = sorted(random.Random(7).uniform(0, 10) for _ in range(1000))
+    assert nearest_rank(values, 50) == values[499]
+    assert nearest_rank(values, 99) == values[989]
+    assert nearest_rank([], 50) is None
+    assert nearest_rank([3.0], 99) == 3.0
+
+
+@pytest.mark.postgres
+def test_sql_percentiles_equal_python_on_postgres(make_schedule: Any) -> None:
+    from django_app.models import Occurrence
+
+    assert is_postgres()
+    now = datetime.now(UTC).replace(microsecond=0)
+    schedule = make_schedule()
+    rng = random.Random(3)
+    for i in range(300):
+        add_occurrence(schedule, minutes_ago=i * 0.15, lag=round(rng.expovariate(1.0), 3), now=now)
+    qs = Occurrence.objects.all()
+    n_py, python, _ = lag_percentiles(qs, now, use_sql=False)
+    n_sql, sql, _ = lag_percentiles(qs, now, use_sql=True)
+    assert n_py == n_sql == 300
+    assert sql == pytest.approx(python)
+    p50, p95, p99 = python
+    assert p50 is not None
+    assert p95 is not None
+    assert p99 is not None
+    assert p50 < p95 < p99
+    assert timedelta(hours=1) > timedelta(minutes=300 * 0.15)  # every row is in the window
