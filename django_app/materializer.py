@@ -48,6 +48,8 @@ class MaterializeReport:
     ``fenced``: transactions rolled back because the shard lease's fencing token moved on
     (the rest of that shard is skipped). ``history_jumped``: schedules whose oldest late
     fire times were passed over without a row each (more than ``max_missed_per_pass``).
+    ``invalid``: schedules skipped because their stored timing no longer validates (e.g. a
+    time zone the zone database dropped); logged, left untouched, the rest proceed.
     """
 
     schedules_seen: int = 0
@@ -58,6 +60,7 @@ class MaterializeReport:
     stale_cursor: int = 0
     fenced: int = 0
     history_jumped: int = 0
+    invalid: int = 0
 
     def __add__(self, other: MaterializeReport) -> MaterializeReport:
         return MaterializeReport(
@@ -110,7 +113,8 @@ def materialize_due(
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.batch_size
     fencing = dict(shard_fencing or {})
-    if shards is None and fencing:
+    if shards is None and shard_fencing is not None:
+        # An empty mapping means "no shards held", never "every shard, unfenced".
         shards = list(fencing)
     now = clock.now()
     until = now + horizon
@@ -151,7 +155,7 @@ def materialize_due(
         assert batch[-1].next_run_at is not None
         last = (batch[-1].next_run_at, batch[-1].id)
     _record_metrics(report, oldest_cursor=oldest, now=now)
-    if report.stale_cursor or report.fenced or report.history_jumped:
+    if report.stale_cursor or report.fenced or report.history_jumped or report.invalid:
         logger.info("materialize node=%s %s", node, report)
     return report
 
@@ -191,18 +195,23 @@ def _materialize_one(
     """
     cursor = schedule.next_run_at
     assert cursor is not None
-    plan = plan_pass(
-        trigger_for(schedule),
-        cursor,
-        now=now,
-        until=until,
-        policy=MisfirePolicy(schedule.misfire_policy),
-        max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
-        catchup_cap=schedule.catchup_cap,
-        max_missed=max_missed,
-        start_at=schedule.start_at,
-        end_at=schedule.end_at,
-    )
+    try:
+        plan = plan_pass(
+            trigger_for(schedule),
+            cursor,
+            now=now,
+            until=until,
+            policy=MisfirePolicy(schedule.misfire_policy),
+            max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
+            catchup_cap=schedule.catchup_cap,
+            max_missed=max_missed,
+            start_at=schedule.start_at,
+            end_at=schedule.end_at,
+        )
+    except (SchedulerError, ValueError):
+        # One unreadable schedule must not stop every other schedule of the shard.
+        logger.exception("schedule %s has invalid timing; not materialized", schedule.id)
+        return MaterializeReport(schedules_seen=1, invalid=1)
     if not plan.fire and not plan.missed and plan.next_cursor == cursor:
         return MaterializeReport(schedules_seen=1)
     conflicts = 0

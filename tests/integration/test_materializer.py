@@ -290,3 +290,21 @@ def test_long_outage_writes_bounded_history(
     assert missed[-1].scheduled_for == NOW - 7 * MINUTE  # recorded right up to the fired one
     s.refresh_from_db()
     assert s.next_run_at == NOW + MINUTE
+
+
+def test_empty_fencing_map_means_no_shards(tenant: Tenant, clock: FrozenClock) -> None:
+    make_schedule(tenant)
+    assert materialize_due(clock=clock, shard_fencing={}).schedules_seen == 0
+    assert not Occurrence.objects.exists()
+
+
+def test_one_unreadable_schedule_does_not_block_the_others(
+    tenant: Tenant, clock: FrozenClock
+) -> None:
+    broken = make_schedule(tenant, timezone="Mars/Olympus_Mons", next_run_at=NOW - MINUTE)
+    fine = make_schedule(tenant)
+    report = materialize_due(clock=clock, horizon=timedelta(0))
+    assert (report.schedules_seen, report.invalid, report.occurrences_created) == (2, 1, 1)
+    assert list(states(fine)) == [NOW]
+    broken.refresh_from_db()
+    assert broken.next_run_at == NOW - MINUTE
