@@ -138,8 +138,10 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
                     f"Invalid {name} field {text!r}: step {step_text!r} must be a positive integer."
                 )
             step = int(step_text)
+        # The implicit end of the week is Saturday (6): "1/2" is Mon, Wed, Fri, not also Sunday.
+        implicit_high = 6 if index == 4 else high
         if base == "*":
-            start, stop = low, high
+            start, stop = low, implicit_high
         elif "-" in base:
             first, _, last = base.partition("-")
             start, stop = _parse_value(first, index, text), _parse_value(last, index, text)
@@ -152,7 +154,7 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
                 )
         else:
             start = _parse_value(base, index, text)
-            stop = high if slash else start  # "a/n" means a-max/n (cronie, croniter)
+            stop = implicit_high if slash else start  # "a/n" means a-max/n (cronie, croniter)
         values.update(range(start, stop + 1, step))
     if index == 4 and 7 in values:  # 7 is Sunday too
         values.discard(7)
@@ -290,11 +292,12 @@ class CronTrigger:
 
     def _instant(self, wall: datetime) -> datetime | None:
         """UTC instant of the first occurrence of a naive wall time, None if it does not exist."""
-        local = wall.replace(
-            tzinfo=self._zone, fold=0
-        )  # fold=0: the earlier of two repeated instants
-        utc = local.astimezone(UTC)
-        if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
+        local = wall.replace(tzinfo=self._zone, fold=0)  # fold=0: the earlier repeated instant
+        try:
+            utc = local.astimezone(UTC)
+            if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
+                return None  # a spring-forward gap: the round trip lands elsewhere
+        except OverflowError:  # the edge of datetime's range
             return None
         return utc
 

@@ -242,6 +242,19 @@ def test_sunday_is_zero_or_seven_and_mon_sun_range() -> None:
     assert len(list(timemath.fire_times(every_day, start, until=utc(2026, 5, 8)))) == 7
 
 
+def test_degenerate_range_and_open_ended_steps() -> None:
+    start = utc(2026, 5, 4)  # a Monday
+    five = list(timemath.fire_times(CronTrigger(expression="5-5 * * * *"), start, limit=3))
+    assert {f.minute for f in five} == {5}  # croniter would read "5-5" as "*"
+    odd_days = CronTrigger(expression="0 0 * * 1/2")  # Mon, Wed, Fri: the week ends Saturday
+    days = [f.strftime("%a") for f in timemath.fire_times(odd_days, start, limit=4)]
+    assert days == ["Wed", "Fri", "Mon", "Wed"]
+    assert {
+        f.minute
+        for f in timemath.fire_times(CronTrigger(expression="50/5 * * * *"), start, limit=6)
+    } == {50, 55}
+
+
 def test_vixie_day_of_month_or_day_of_week() -> None:
     # Both restricted: either matches (13th of the month OR any Friday).
     either = CronTrigger(expression="0 0 13 * 5")
