@@ -135,6 +135,7 @@ def update_schedule(
         schedule.content_hash = spec.content_hash()
         invalidated_from = _earliest_invalidatable(schedule)
         old_cursor = schedule.next_run_at
+        closed_at = _materialized_until(schedule, now)
         schedule.version += 1
         result = _invalidate(schedule, now)
         if schedule.state == ScheduleState.ACTIVE:
@@ -143,7 +144,7 @@ def update_schedule(
             elif invalidated_from is not None:
                 # Re-materialize the invalidated times under the new version.
                 schedule.next_run_at = min(old_cursor, invalidated_from)
-            _close_version(schedule, now)
+            _close_version(schedule, closed_at)
             _open_version(schedule, min(now, schedule.next_run_at or now))
         schedule.save()
         return LifecycleResult(
@@ -159,10 +160,10 @@ def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) 
         if schedule.state == ScheduleState.PAUSED:
             return _unchanged(schedule)
         _require_state(schedule, ScheduleState.ACTIVE, "paused")
+        _close_version(schedule, _materialized_until(schedule, now))
         schedule.version += 1
         schedule.state = ScheduleState.PAUSED.value
         result = _invalidate(schedule, now)
-        _close_version(schedule, now)
         schedule.save()
         return LifecycleResult(
             schedule=schedule, version=schedule.version, state=schedule.state, **result
@@ -201,11 +202,11 @@ def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         schedule = _locked(schedule_id)
         if schedule.state == ScheduleState.CANCELED:
             return _unchanged(schedule)
+        _close_version(schedule, _materialized_until(schedule, now))
         schedule.version += 1
         schedule.state = ScheduleState.CANCELED.value
         schedule.next_run_at = None
         result = _invalidate(schedule, now)
-        _close_version(schedule, now)
         schedule.save()
         return LifecycleResult(
             schedule=schedule, version=schedule.version, state=schedule.state, **result
@@ -376,6 +377,16 @@ def _open_version(schedule: Schedule, valid_from: datetime) -> None:
             "valid_from": valid_from, "valid_to": None,
         },
     )  # fmt: skip
+
+
+def _materialized_until(schedule: Schedule, now: datetime) -> datetime:
+    """Where the live version's expectations end: now, or the cursor if it lags behind.
+
+    Fire times at or after the cursor were never materialized under this version, so the
+    reconciler must not expect them of it once the version is closed.
+    """
+    cursor = schedule.next_run_at
+    return min(now, cursor) if cursor is not None else now
 
 
 def _close_version(schedule: Schedule, at: datetime) -> None:
