@@ -1,0 +1,109 @@
+"""``manage.py preview_schedule "<cron>" --tz ZONE [--start ISO] [--count N] [--json]``.
+
+Prints the next fire times of a cron expression in UTC and in the schedule's zone, marking
+runs next to a DST change, so an unintended expression is caught before it is saved. It reads
+no database: it is a thin shell around :func:`celery_scheduler.core.timemath.preview`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from celery_scheduler import errors
+from celery_scheduler.core import clock, timemath
+
+
+def parse_start(text: str | None, zone_name: str) -> datetime:
+    """An ISO 8601 instant; a naive one is read as wall time in the schedule's zone."""
+    if text is None:
+        return clock.SYSTEM_CLOCK.now()
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(
+            f"Invalid --start {text!r}: expected an ISO 8601 date/time such as "
+            "'2026-03-29T00:00:00+01:00' or '2026-03-29T00:00' (read in --tz)."
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timemath.parse_timezone(zone_name))
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the next fire times of a five-field cron expression (or @daily-style macro) in "
+        "UTC and local time, marking runs next to a DST change."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("expression", help='cron expression, e.g. "30 2 * * *" or @daily')
+        parser.add_argument("--tz", default="UTC", help="IANA time zone (default: UTC)")
+        parser.add_argument(
+            "--start",
+            help="list runs strictly after this ISO 8601 instant (default: now; naive = --tz)",
+        )
+        parser.add_argument(
+            "--count",
+            type=int,
+            default=10,
+            help=f"number of runs, 1-{timemath.MAX_PREVIEW} (default: 10)",
+        )
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        expression: str = options["expression"]
+        zone_name: str = options["tz"]
+        try:
+            trigger = timemath.CronTrigger(expression=expression, timezone=zone_name)
+            start = parse_start(options["start"], zone_name)
+            rows = timemath.preview(trigger, start=start, count=options["count"])
+            description = timemath.describe_cron(expression)
+        except errors.SchedulerError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(self._as_json(expression, zone_name, description, start, rows))
+        else:
+            self._table(expression, zone_name, description, start, rows)
+
+    @staticmethod
+    def _as_json(
+        expression: str,
+        zone_name: str,
+        description: str,
+        start: datetime,
+        rows: list[timemath.PreviewRow],
+    ) -> str:
+        payload = {
+            "expression": expression,
+            "timezone": zone_name,
+            "description": description,
+            "start": start.isoformat(),
+            "runs": [
+                {"utc": row.utc.isoformat(), "local": row.local.isoformat(), "note": row.note}
+                for row in rows
+            ],
+        }
+        return json.dumps(payload, indent=2)
+
+    def _table(
+        self,
+        expression: str,
+        zone_name: str,
+        description: str,
+        start: datetime,
+        rows: list[timemath.PreviewRow],
+    ) -> None:
+        self.stdout.write(f"{expression}  ({description})  in {zone_name}")
+        self.stdout.write(f"next {len(rows)} run(s) after {start.isoformat()}:")
+        self.stdout.write(f"{'#':>4}  {'UTC':<20}  {'local (' + zone_name + ')':<32}  note")
+        for number, row in enumerate(rows, start=1):
+            local = f"{row.local:%Y-%m-%d %H:%M %Z (UTC%z)}"
+            mark = f"* {row.note}" if row.note else ""
+            line = f"{number:>4}  {row.utc:%Y-%m-%d %H:%MZ}     {local:<32}  {mark}"
+            self.stdout.write(line.rstrip())
+        if any(row.note for row in rows):
+            self.stdout.write("* runs next to a DST change")
