@@ -115,6 +115,9 @@ class Cluster:
                 assert self.owner[s] == n
         assert {s for s, o in self.owner.items() if o is not None} == set(seen)
 
+    def counts(self) -> dict[str, int]:
+        return {n: len(s) for n, s in self.held.items()}
+
     def balanced(self) -> bool:
         counts = [len(s) for s in self.held.values()]
         if not counts:
@@ -148,11 +151,11 @@ def test_cluster_never_double_owns_and_converges_to_shares_within_one(
             cluster.die(f"node-{i}")
         # A join takes two rounds (others release, then the joiner acquires); racing
         # acquirers that lost a conflict retry on the next round.
+        expected = targets(shard_count, cluster.held)
         rounds = 0
-        while not cluster.balanced() and rounds < 20:
+        while cluster.counts() != expected and rounds < 20:
             cluster.round(rng)
             rounds += 1
-        assert cluster.balanced(), f"not balanced after {rounds} rounds: {cluster.held}"
+        assert cluster.counts() == expected, f"not at targets after {rounds} rounds"
+        assert cluster.balanced()
         assert rounds <= max(3, len(cluster.held) + 1)
-        expected = targets(shard_count, cluster.held)
-        assert {n: len(s) for n, s in cluster.held.items()} == expected
