@@ -195,7 +195,11 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     @admin.display(description=_("Next run"), ordering="next_run_at")
     def next_run_column(self, obj: Schedule) -> str:
-        return display.local_and_utc(obj.next_run_at, obj.timezone)
+        when = display.local_and_utc(obj.next_run_at, obj.timezone)
+        if obj.state != ScheduleState.ACTIVE.value and obj.next_run_at is not None:
+            # A paused schedule keeps its cursor for the misfire policy; it is not due.
+            return format_html('<span class="cs-held" title="{}">{}</span>', _("on hold"), when)
+        return when
 
     @admin.display(description=_("Last run · lag"), ordering="last_scheduled_for")
     def last_run_column(self, obj: Any) -> str:

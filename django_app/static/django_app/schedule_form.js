@@ -1,10 +1,13 @@
 // Live preview of the next fire times and kind-dependent fields. No framework: the server
 // does all time math (same code as the scheduler), this only debounces and renders.
 "use strict";
-(function () {
+function csSchedulePreview() {
   const panel = document.getElementById("cs-preview");
   if (!panel) return;
   const form = panel.closest("form");
+  // Show the runs right under the fields that decide them, not after the policies.
+  const when = form.querySelector("fieldset.cs-when");
+  if (when) when.after(panel);
   const body = panel.querySelector("tbody");
   const description = document.getElementById("cs-description");
   const errorBox = document.getElementById("cs-preview-error");
@@ -44,6 +47,11 @@
       return;
     }
     description.textContent = data.description;
+    // The server's error from the last save no longer applies to what is typed now.
+    for (const name of ["cron", "timezone"]) {
+      const stale = form.querySelector(".field-" + name + " .errorlist");
+      if (stale) stale.remove();
+    }
     data.rows.forEach((row, i) => {
       const tr = document.createElement("tr");
       if (row.dst) tr.className = "cs-dst";
@@ -79,4 +87,7 @@
   from.addEventListener("input", refresh);
   showKindFields();
   refresh();
-})();
+}
+// Form media loads in <head>, before the form exists.
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", csSchedulePreview);
+else csSchedulePreview();
