@@ -304,6 +304,10 @@ def test_rare_expressions_fire_without_scanning_forever() -> None:
         ("0 0 * * 5#2", "day-of-week field '5#2'"),
         ("H * * * *", "minute field 'H'"),
         ("1,,2 * * * *", "minute field '1,,2'"),
+        ("0 0 * * 7/2", "matches no value"),
+        ("0 0 * * 1-", "day-of-week field '1-'"),
+        ("0 0 * * -1", "day-of-week field '-1'"),
+        ("0 0 * * 1/", "step ''"),
     ],
 )
 def test_invalid_expressions_name_the_problem(expression: str, needle: str) -> None:
