@@ -97,7 +97,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         who = ["name", "task", "args", "kwargs"]
         if sees_all_tenants(request):
             who.insert(1, "tenant")
-        status = ("state", "version", "next_run_display", "history") if obj else ()
+        status = ("state_column", "version", "next_run_display", "history") if obj else ()
         return [
             (None, {"fields": [*status]}) if obj else (None, {"fields": []}),
             (_("What runs"), {"fields": who}),
@@ -131,7 +131,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        fields = ["state", "version", "next_run_display", "history"]
+        fields = ["state_column", "version", "next_run_display", "history"]
         if obj is not None:
             fields.append("tenant")
         return fields

@@ -63,7 +63,7 @@ def test_create_fix_preview_pause_and_history(page: Any, users: Any, screenshot:
     expect(rows.nth(2)).to_have_class(re.compile(r"\bcs-dst\b"))
     expect(rows.nth(2).locator(".cs-note")).to_contain_text("skipped")
     assert page.locator("#cs-preview-table tr.cs-dst").count() == 1
-    screenshot("schedule_change_with_preview")
+    screenshot("schedule_add_with_preview")
 
     page.click("input[name=_save]")
     page.wait_for_url(re.compile(r"/admin/django_app/schedule/$"))
@@ -91,6 +91,11 @@ def test_create_fix_preview_pause_and_history(page: Any, users: Any, screenshot:
     row.locator("th a, td a").first.click()
     page.click("button[data-verb=run_now]")
     expect(page.locator(".messagelist")).to_contain_text("Queued 1 manual run")
+    expect(page.locator("button[data-verb=resume]")).to_be_visible()  # paused: resume offered
+    page.fill("#cs-preview-from", "2026-03-27T00:00")
+    expect(page.locator("#cs-preview-table tr.cs-dst")).to_contain_text("Mon 30 Mar 2026")
+    expect(page.locator(".field-history")).to_contain_text("All 1 occurrences")
+    screenshot("schedule_change_with_preview")
     page.click(".object-tools a:has-text('Occurrences')")
     expect(page.locator("h1")).to_contain_text("Occurrences of “nightly export”")
     expect(page.locator("#result_list tbody tr")).to_have_count(1)
