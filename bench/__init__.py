@@ -1,0 +1,1 @@
+"""Benchmarks (not part of the test suite): see bench/README.md."""
