@@ -39,6 +39,19 @@ class SchedulerSettings:
     max_lateness_limit_seconds: int = 30 * 24 * 3600
     #: Check the task name against the Celery app's registry at create/update.
     validate_task_names: bool = True
+    #: PostgreSQL only (elsewhere the per-schedule path runs): materialize a batch of due
+    #: schedules in one transaction with set-based SQL (django_app.materializer_bulk).
+    bulk_materialize: bool = False
+    #: Schedules per set-based materializer transaction.
+    bulk_batch_size: int = 5000
+    #: Beat uses django_app.burst.BurstRelay: claims and prepares rows due within
+    #: ``burst_lookahead_seconds``, locks them ``burst_hold_seconds`` before their time,
+    #: publishes them pipelined at their time and marks them sent in bulk.
+    burst_relay: bool = False
+    burst_lookahead_seconds: int = 30
+    burst_hold_seconds: int = 1
+    #: Rows per burst wave (one transaction); more wait for the next wave.
+    burst_max_rows: int = 250_000
 
 
 _FIELDS = SchedulerSettings.__dataclass_fields__

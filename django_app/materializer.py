@@ -110,6 +110,13 @@ def materialize_due(
     commits only if the ShardLease row still carries that token.
     """
     cfg = conf.get()
+    if cfg.bulk_materialize and connection.vendor == "postgresql":
+        from django_app.materializer_bulk import materialize_due_bulk
+
+        return materialize_due_bulk(
+            clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon,
+            batch_size=batch_size, node=node,
+        )  # fmt: skip
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.batch_size
     fencing = dict(shard_fencing or {})

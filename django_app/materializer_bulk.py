@@ -1,0 +1,359 @@
+"""Set-based materializer for PostgreSQL: one transaction per batch of due schedules.
+
+Same contract as :mod:`django_app.materializer` (same rows, same cursor moves, same misfire
+plans), with the per-schedule round trips replaced by a handful of statements per batch:
+
+1. ``SELECT ... FOR UPDATE OF schedule SKIP LOCKED`` takes up to ``bulk_batch_size`` due
+   schedules in ``(next_run_at, id)`` order: nodes take disjoint rows, and lifecycle calls
+   (which lock the same rows) serialise with the batch instead of racing it;
+2. the fencing check: the batch's shard lease rows are locked in shard order and their
+   tokens compared; schedules of a shard whose token moved on are left untouched;
+3. fault point ``materialize.before_insert`` (once per batch);
+4. the firing and MISSED occurrences, ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
+   NOTHING RETURNING id`` in chunks; one outbox INSERT for the created firing ids;
+5. ``UPDATE schedule ... FROM unnest(...) WHERE id, version, next_run_at, state`` match what
+   was read; the row count must equal the batch's (the rows are locked, so it does). If it
+   does not, the batch rolls back and its schedules go through the per-schedule path.
+
+After commit: fault point ``materialize.after_commit`` (once per batch). Elsewhere than on
+PostgreSQL :func:`materialize_due_bulk` is :func:`django_app.materializer.materialize_due`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.enums import MisfirePolicy, ScheduleState
+from celery_scheduler.core.policies import PassPlan, plan_pass
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.faults import fault_point
+from django_app import conf
+from django_app import materializer as single
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease
+
+logger = logging.getLogger(__name__)
+
+#: Rows per INSERT statement (arrays per column: the parameter count does not grow).
+INSERT_CHUNK = 5_000
+
+
+class _BatchRejected(SchedulerError):
+    """Internal: the batch's cursor UPDATE matched fewer rows than it planned."""
+
+
+@dataclass(slots=True)
+class _Planned:
+    schedule: Schedule
+    plan: PassPlan
+
+
+def materialize_due_bulk(
+    *,
+    clock: Clock,
+    shards: Collection[int] | None = None,
+    shard_fencing: Mapping[int, int] | None = None,
+    horizon: timedelta | None = None,
+    batch_size: int | None = None,
+    node: str = "",
+) -> single.MaterializeReport:
+    """:func:`django_app.materializer.materialize_due`, batch by batch (module docstring)."""
+    if connection.vendor != "postgresql":
+        return single.materialize_due(
+            clock=clock,
+            shards=shards,
+            shard_fencing=shard_fencing,
+            horizon=horizon,
+            batch_size=batch_size,
+            node=node,
+        )
+    cfg = conf.get()
+    horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
+    batch_size = batch_size or cfg.bulk_batch_size
+    fencing = dict(shard_fencing or {})
+    if shards is None and shard_fencing is not None:
+        shards = list(fencing)  # an empty mapping means "no shards held"
+    now = clock.now()
+    until = now + horizon
+    due = Schedule.objects.filter(
+        state=ScheduleState.ACTIVE.value, next_run_at__isnull=False, next_run_at__lte=until
+    )
+    if shards is not None:
+        due = due.filter(shard__in=list(shards))
+    due = due.select_related("tenant").order_by("next_run_at", "id")
+    report = single.MaterializeReport()
+    releases: dict[int, datetime] = {}
+    lost: set[int] = set()
+    last: tuple[datetime, uuid.UUID] | None = None
+    oldest: datetime | None = None
+    while True:
+        page = due.exclude(shard__in=lost) if lost else due
+        if last is not None:
+            page = page.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
+        one, read = _batch(
+            page,
+            batch_size,
+            now=now,
+            until=until,
+            fencing=fencing,
+            releases=releases,
+            lost=lost,
+            max_missed=cfg.max_missed_per_pass,
+        )
+        report += one
+        if read and oldest is None:
+            oldest = read[0].next_run_at
+        if len(read) < batch_size:
+            break
+        assert read[-1].next_run_at is not None
+        last = (read[-1].next_run_at, read[-1].id)
+    single._record_metrics(report, oldest_cursor=oldest, now=now)
+    if report.stale_cursor or report.fenced or report.history_jumped or report.invalid:
+        logger.info("materialize(bulk) node=%s %s", node, report)
+    return report
+
+
+def _batch(
+    page: Any,
+    size: int,
+    *,
+    now: datetime,
+    until: datetime,
+    fencing: dict[int, int],
+    releases: dict[int, datetime],
+    lost: set[int],
+    max_missed: int,
+) -> tuple[single.MaterializeReport, list[Schedule]]:
+    """One batch transaction; returns its counts and the schedules it read (for paging)."""
+    saved_releases = dict(releases)
+    read: list[Schedule] = []
+    try:
+        with transaction.atomic():
+            read = list(page.select_for_update(skip_locked=True, of=("self",))[:size])
+            report = _write_batch(
+                read,
+                now=now,
+                until=until,
+                fencing=fencing,
+                releases=releases,
+                lost=lost,
+                max_missed=max_missed,
+            )
+    except _BatchRejected:
+        logger.warning("bulk materializer: a batch's cursors moved; per-schedule fallback")
+        releases.clear()
+        releases.update(saved_releases)
+        report = single.MaterializeReport()
+        for schedule in read:
+            if schedule.shard in lost:
+                continue
+            one = single._materialize_one(
+                schedule,
+                now=now,
+                until=until,
+                fencing_token=fencing.get(schedule.shard),
+                releases=releases,
+                max_missed=max_missed,
+            )
+            if one.fenced:
+                lost.add(schedule.shard)
+            report += one
+        return report, read
+    fault_point("materialize.after_commit")
+    return report, read
+
+
+def _write_batch(
+    read: list[Schedule],
+    *,
+    now: datetime,
+    until: datetime,
+    fencing: dict[int, int],
+    releases: dict[int, datetime],
+    lost: set[int],
+    max_missed: int,
+) -> single.MaterializeReport:
+    fenced = _fence(sorted({s.shard for s in read if s.shard in fencing}), fencing)
+    lost.update(fenced)
+    seen = sum(s.shard not in fenced for s in read) + len(fenced)
+    invalid = 0
+    planned: list[_Planned] = []
+    for schedule in read:
+        if schedule.shard in fenced:
+            continue
+        try:
+            plan = _plan(schedule, now=now, until=until, max_missed=max_missed)
+        except (SchedulerError, ValueError):
+            logger.exception("schedule %s has invalid timing; not materialized", schedule.id)
+            invalid += 1
+            continue
+        if plan.fire or plan.missed or plan.next_cursor != schedule.next_run_at:
+            planned.append(_Planned(schedule, plan))
+    if not planned:
+        return single.MaterializeReport(schedules_seen=seen, invalid=invalid, fenced=len(fenced))
+    fault_point("materialize.before_insert")
+    fire_rows: list[dict[str, Any]] = []
+    missed_rows: list[dict[str, Any]] = []
+    owner: dict[uuid.UUID, Schedule] = {}
+    for item in planned:
+        rows = single._fire_rows(item.schedule, item.plan, now=now, releases=releases)
+        fire_rows += rows
+        missed_rows += single._missed_rows(item.schedule, item.plan, now=now)
+        owner.update((row["id"], item.schedule) for row in rows)
+    created = insert_ignore(Occurrence, fire_rows)
+    created_missed = insert_ignore(Occurrence, missed_rows)
+    _insert_outbox([r for r in fire_rows if r["id"] in created], owner, now=now)
+    done = _advance(planned, now=now)
+    for item in planned:
+        if item.plan.jumped is not None:
+            logger.warning(
+                "schedule %s: late fire times in [%s, %s) passed over without MISSED rows",
+                item.schedule.id,
+                item.plan.jumped[0].isoformat(),
+                item.plan.jumped[1].isoformat(),
+            )
+    return single.MaterializeReport(
+        schedules_seen=seen,
+        occurrences_created=len(created),
+        conflicts=len(fire_rows) + len(missed_rows) - len(created) - len(created_missed),
+        missed=len(created_missed),
+        completed=done,
+        fenced=len(fenced),
+        history_jumped=sum(item.plan.jumped is not None for item in planned),
+        invalid=invalid,
+    )
+
+
+def _plan(schedule: Schedule, *, now: datetime, until: datetime, max_missed: int) -> PassPlan:
+    assert schedule.next_run_at is not None
+    return plan_pass(
+        single.trigger_for(schedule),
+        schedule.next_run_at,
+        now=now,
+        until=until,
+        policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
+        catchup_cap=schedule.catchup_cap,
+        max_missed=max_missed,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
+
+
+def _fence(shards: list[int], fencing: dict[int, int]) -> set[int]:
+    """Lock the lease rows (in shard order: no deadlock between nodes) and compare tokens.
+
+    The locks last until commit, so a takeover cannot bump a token between this check and
+    the batch's writes. Returns the shards whose token moved on.
+    """
+    if not shards:
+        return set()
+    rows = ShardLease.objects.select_for_update().filter(shard__in=shards).order_by("shard")
+    current = dict(rows.values_list("shard", "fencing_token"))
+    return {s for s in shards if current.get(s) != fencing[s]}
+
+
+def _pg_type(field: Any) -> str:
+    kind = str(field.db_type(connection))
+    return "varchar" if kind.startswith("varchar") else kind
+
+
+def insert_ignore(model: Any, rows: list[dict[str, Any]]) -> set[Any]:
+    """``INSERT ... SELECT * FROM unnest(<one array per column>) ON CONFLICT DO NOTHING
+    RETURNING pk``, chunked; returns the pks inserted. Columns that are NULL in every row
+    and nullable are left to their NULL default (keeps JSON columns out of the arrays)."""
+    if not rows:
+        return set()
+    meta = model._meta
+    pk = meta.pk
+    quote = connection.ops.quote_name
+    created: set[Any] = set()
+    for start in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[start : start + INSERT_CHUNK]
+        columns: list[Any] = []
+        arrays: list[list[Any]] = []
+        for field in meta.concrete_fields:
+            values = [single._db_value(field, row) for row in chunk]
+            if field.null and all(v is None for v in values):
+                continue
+            columns.append(field)
+            arrays.append(values)
+        names = ", ".join(quote(str(f.column)) for f in columns)
+        unnest = ", ".join(f"%s::{_pg_type(f)}[]" for f in columns)
+        sql = (
+            f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM unnest({unnest}) "
+            f"ON CONFLICT DO NOTHING RETURNING {quote(str(pk.column))}"
+        )
+        with connection.cursor() as cur:
+            cur.execute(sql, arrays)
+            created.update(pk.to_python(value) for (value,) in cur.fetchall())
+    return created
+
+
+def _insert_outbox(
+    rows: list[dict[str, Any]], owner: dict[uuid.UUID, Schedule], *, now: datetime
+) -> None:
+    if not rows:
+        return
+    entries = [
+        {
+            "occurrence_id": row["id"],
+            "tenant_id": owner[row["id"]].tenant_id,
+            "shard": owner[row["id"]].shard,
+            "available_at": row["available_at"],
+            "priority": owner[row["id"]].priority,
+            "created_at": now,
+        }
+        for row in rows
+    ]
+    fields_ = [f for f in OutboxEntry._meta.concrete_fields if f.attname != "id"]
+    quote = connection.ops.quote_name
+    for start in range(0, len(entries), INSERT_CHUNK):
+        chunk = entries[start : start + INSERT_CHUNK]
+        columns, arrays = [], []
+        for field in fields_:
+            values = [single._db_value(field, e) for e in chunk]
+            if field.null and all(v is None for v in values):
+                continue
+            columns.append(field)
+            arrays.append(values)
+        names = ", ".join(quote(str(f.column)) for f in columns)
+        unnest = ", ".join(f"%s::{_pg_type(f)}[]" for f in columns)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {quote(OutboxEntry._meta.db_table)} ({names}) "
+                f"SELECT * FROM unnest({unnest})",
+                arrays,
+            )
+
+
+def _advance(planned: list[_Planned], *, now: datetime) -> int:
+    """The conditional cursor UPDATE for the whole batch; returns how many COMPLETED."""
+    table = connection.ops.quote_name(Schedule._meta.db_table)
+    active, completed = ScheduleState.ACTIVE.value, ScheduleState.COMPLETED.value
+    ids = [p.schedule.id for p in planned]
+    versions = [p.schedule.version for p in planned]
+    cursors = [p.schedule.next_run_at for p in planned]
+    nexts = [p.plan.next_cursor for p in planned]
+    states = [active if p.plan.next_cursor is not None else completed for p in planned]
+    sql = (
+        f"UPDATE {table} AS s SET next_run_at = v.next, state = v.state, updated_at = %s "
+        "FROM unnest(%s::uuid[], %s::integer[], %s::timestamptz[], %s::timestamptz[], "
+        "%s::varchar[]) AS v(id, version, cursor, next, state) "
+        "WHERE s.id = v.id AND s.version = v.version AND s.next_run_at = v.cursor "
+        "AND s.state = %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [now, ids, versions, cursors, nexts, states, active])
+        moved = cur.rowcount
+    if moved != len(planned):
+        raise _BatchRejected(f"cursor UPDATE matched {moved} of {len(planned)} schedule(s)")
+    return states.count(completed)
