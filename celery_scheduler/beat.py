@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from django_app.relay import LookaheadRelay
+    from django_app.shards import ShardLeaser
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +79,16 @@ class DatabaseScheduler(beat.Scheduler):
         self._publisher = kwargs.pop("publisher", None)
         self.poll_interval = float(kwargs.pop("poll_interval", DEFAULT_POLL_INTERVAL))
         self.lookahead: timedelta = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
+        self.use_shard_leases = bool(kwargs.pop("use_shard_leases", True))
         kwargs.pop("schedule_filename", None)  # Celery passes it; we keep no file
         self.node = node_name()
         self._relay: LookaheadRelay | None = None
+        self._leaser: ShardLeaser | None = None
+        self._next_lease_refresh = 0.0
         self._synced = False
         self._next_poll = 0.0
+        self._last_relay_poll = 0.0
+        self._random = random.Random()
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)
 
@@ -105,6 +112,12 @@ class DatabaseScheduler(beat.Scheduler):
         """Nothing to persist: every state change was committed when it happened."""
 
     def close(self) -> None:
+        leaser, self._leaser = self._leaser, None
+        if leaser is not None:
+            try:
+                leaser.release_all()
+            except Exception:  # the leases expire on their own
+                logger.warning("beat %s: could not release shard leases", self.node)
         relay, self._relay = self._relay, None
         if relay is None:
             return
@@ -161,12 +174,83 @@ class DatabaseScheduler(beat.Scheduler):
         relay = self._relay_or_create()
         relay.publish_held()
         if self.clock.monotonic() >= self._next_poll:
-            from django_app.materializer import materialize_due
-
-            materialize_due(clock=self.clock, node=self.node)
-            relay.poll()
-            relay.publish_held()  # rows claimed just now may be due already
             self._next_poll = self.clock.monotonic() + self.poll_interval
+            self._relay_poll(relay)
+            self._materialize(relay)
+            self._relay_poll(relay)
+
+    def _relay_poll(self, relay: LookaheadRelay) -> None:
+        relay.poll()
+        relay.publish_held()  # rows claimed just now may be due already
+        self._last_relay_poll = self.clock.monotonic()
+
+    def _materialize(self, relay: LookaheadRelay) -> None:
+        """Materialize shard by shard, starting at a random shard, relaying in between.
+
+        Beats that start together then work on different shards instead of queueing on the
+        same rows' unique-index locks, and a long pass (a burst of due schedules) does not
+        delay held rows: they are published between shards.
+        """
+        from django_app.materializer import materialize_due
+        from django_app.models import Schedule
+
+        fencing = self._shard_leases()
+        if fencing is not None and not fencing:
+            return  # holds no shard (yet): materializing is another node's job meanwhile
+        horizon = timedelta(seconds=self._horizon_seconds())
+        until = self.clock.now() + horizon
+        due = set(
+            Schedule.objects.filter(state="ACTIVE", next_run_at__lte=until)
+            .values_list("shard", flat=True)
+            .distinct()
+        )
+        if fencing is not None:
+            due &= set(fencing)
+        if not due:
+            return
+        ordered = sorted(due)
+        start = self._random.randrange(len(ordered))
+        for shard in ordered[start:] + ordered[:start]:
+            # Renew during a long pass too, or the leases lapse halfway through it.
+            fencing = self._shard_leases()
+            if fencing is not None and shard not in fencing:
+                continue
+            materialize_due(
+                clock=self.clock,
+                shards=[shard],
+                shard_fencing={shard: fencing[shard]} if fencing is not None else None,
+                horizon=horizon,
+                node=self.node,
+            )
+            relay.publish_held()
+            if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
+                self._relay_poll(relay)
+
+    def _shard_leases(self) -> dict[int, int] | None:
+        """Shard -> fencing token this node holds (refreshed each poll); None: no leasing.
+
+        Refreshing every poll (not only every lease/3) lets beats that start together
+        settle on their fair shares within a couple of seconds.
+        """
+        if not self.use_shard_leases:
+            return None
+        if self._leaser is None:
+            from django_app.shards import ShardLeaser
+
+            self._leaser = ShardLeaser(self.node, clock=self.clock)
+        if self.clock.monotonic() >= self._next_lease_refresh:
+            before = set(self._leaser.held)
+            after = set(self._leaser.refresh())
+            if after != before:
+                logger.info("beat %s: holds %d shard(s)", self.node, len(after))
+            interval = min(self.poll_interval, self._leaser.refresh_interval)
+            self._next_lease_refresh = self.clock.monotonic() + interval
+        return self._leaser.held
+
+    def _horizon_seconds(self) -> int:
+        from django_app import conf
+
+        return conf.get().horizon_seconds
 
     def _sleep_time(self) -> float:
         wait = max(self._next_poll - self.clock.monotonic(), 0.0)
@@ -177,6 +261,7 @@ class DatabaseScheduler(beat.Scheduler):
         return min(wait, float(self.max_interval))
 
     def _failed(self, exc: Exception) -> float:
+        self._next_poll = 0.0  # the interrupted poll is retried after the back-off
         self._backoff = min(max(self._backoff * 2, BACKOFF_START), float(self.max_interval))
         kind = "broker" if isinstance(exc, errors.CoordinationUnavailable) else "database"
         logger.error(

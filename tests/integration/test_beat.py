@@ -115,10 +115,11 @@ def test_database_error_is_survived(
     def down(**_: Any) -> None:
         raise OperationalError("connection refused")
 
+    api.create_schedule(name="now", task="billing.ping", interval=3600, clock=clock)
     monkeypatch.setattr(materializer, "materialize_due", down)
     assert s.tick() == 0.5
+    assert publisher.sent == []
     monkeypatch.undo()
-    api.create_schedule(name="now", task="billing.ping", interval=3600, clock=clock)
     clock.advance(0.5)
     s.tick()
     assert len(publisher.sent) == 1
