@@ -20,7 +20,7 @@ pytestmark = pytest.mark.redis
 WHEN = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def decode_kombu_redis_message(raw: bytes) -> dict[str, Any]:
+def decode_kombu_redis_message(raw: bytes | str) -> dict[str, Any]:
     """One entry of a kombu Redis queue list -> ``{"id", "task", "headers", "kwargs"}``."""
     envelope = json.loads(raw)
     headers = envelope["headers"]
