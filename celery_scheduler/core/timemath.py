@@ -155,10 +155,8 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
         else:
             start = _parse_value(base, index, text)
             stop = implicit_high if slash else start  # "a/n" means a-max/n (cronie, croniter)
-        if start > stop:  # only "7/n" in day-of-week gets here
-            raise errors.InvalidCronExpression(
-                f"Invalid {name} field {text!r}: {item!r} matches no value; the week ends at 6."
-            )
+            if index == 4 and start == 7 and slash:  # Sunday as 7: "7/2" is "0/2"
+                start = 0
         values.update(range(start, stop + 1, step))
     if index == 4 and 7 in values:  # 7 is Sunday too
         values.discard(7)
