@@ -1,0 +1,432 @@
+"""Burst relay (PostgreSQL): publish a top-of-the-hour burst at its instant, not after it.
+
+The per-batch relay does everything after ``available_at``: lock, read, build, publish,
+mark. For 500,000 rows due at one instant that is far too late. Here the work moves ahead:
+
+1. **claim** (``lookahead`` before the rows are due, committed): rows due within the
+   window are claimed durably (``claimed_by`` = this relay, ``claim_expires_at`` past the
+   window's end plus the lease), so no other relay takes them;
+2. **prepare** (no transaction): one joined read loads what the messages need; the
+   publisher's ``prepare`` builds and serialises the envelopes. Rows are grouped in waves
+   (rows due within ``WAVE_SECONDS`` of the wave's first row);
+3. **hold** (shortly before the wave is due): one transaction locks the occurrence rows
+   (``FOR UPDATE SKIP LOCKED``), re-reads schedule versions and outbox rows in a fresh
+   statement, and drops what must not go out (not publishable, old version -> CANCELED,
+   already sent): the same checks as :mod:`django_app.relay`, with the shard fencing check
+   when tokens are given;
+4. **publish** at each row's ``available_at`` (never before: the clock is waited on),
+   pipelined in chunks; the time each chunk was accepted is recorded;
+5. **mark** in bulk inside the same transaction (``sent_at`` / ``enqueued_at`` = the
+   chunk's acceptance time, conditional on ``sent_at IS NULL`` / a publishable state),
+   then commit.
+
+"Never mark before the broker accepted" holds durably: the marks are written after the
+publish and only the commit makes them real, so a crash before it rolls them back and the
+same occurrence ids are published again (at-least-once). Lifecycle calls that invalidate
+these occurrences block on the row locks from the hold until the commit (about the hold
+lead plus the publish), then see ENQUEUED rows; an update or cancel that committed before
+the hold is seen by step 3, so no old-version occurrence goes out after it committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.faults import fault_point
+from celery_scheduler.publishers import OccurrenceMessage, Publisher
+from django_app import conf
+from django_app.burst_sql import (
+    CLAIM_SQL,
+    MARK_OCCURRENCE_SQL,
+    MARK_OUTBOX_SQL,
+    READ_SQL,
+    SHARDS,
+    BurstStats,
+    decode_json,
+)
+from django_app.relay import PUBLISHABLE, RelayReport, _new_token, relay_due
+
+logger = logging.getLogger(__name__)
+
+#: Rows due within this span of a wave's first row go into that wave (one transaction).
+WAVE_SECONDS = 1.0
+#: Rows per pipelined publish call (acceptance time is recorded per chunk).
+PUBLISH_CHUNK = 5_000
+#: Rows per claim / read / lock statement.
+SQL_CHUNK = 20_000
+#: Locking rate assumed when choosing how early to open a wave's transaction (rows/s).
+LOCK_ROWS_PER_SECOND = 60_000
+
+_PUBLISHABLE = [s.value for s in PUBLISHABLE]
+
+
+@dataclass(slots=True)
+class _Row:
+    outbox_id: int
+    occurrence_id: uuid.UUID
+    shard: int
+    available_at: datetime
+    schedule_version: int  # the schedule's version the message was built from
+    prepared: Any  # PreparedMessage (fast publisher) or OccurrenceMessage
+
+
+@dataclass(slots=True)
+class _Wave:
+    start: datetime
+    rows: list[_Row] = field(default_factory=list)
+
+
+class BurstRelay:
+    """Drop-in for :class:`django_app.relay.LookaheadRelay` in the beat loop (PostgreSQL).
+
+    :meth:`poll` relays rows already due (the general path) and claims + prepares the next
+    window; :meth:`publish_held` fires every wave whose hold time has come (it blocks until
+    the wave's rows are due and published); :meth:`next_due_at` is the next hold time.
+    ``shard_fencing`` (shard -> token) makes each wave check the lease rows of its shards.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        publisher: Publisher,
+        node: str = "",
+        lookahead: timedelta | None = None,
+        hold: timedelta | None = None,
+        shards: Collection[int] | None = None,
+        shard_fencing: Mapping[int, int] | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        cfg = conf.get()
+        self.clock = clock
+        self.publisher = publisher
+        self.token = _new_token(node)
+        self.lookahead = lookahead or timedelta(seconds=cfg.burst_lookahead_seconds)
+        self.hold = hold if hold is not None else timedelta(seconds=cfg.burst_hold_seconds)
+        self.shard_fencing = dict(shard_fencing) if shard_fencing is not None else None
+        self.shards = list(self.shard_fencing) if self.shard_fencing is not None else shards
+        self.max_rows = max_rows or cfg.burst_max_rows
+        self.stats = BurstStats()
+        self._waves: list[_Wave] = []
+        self._prepare = getattr(publisher, "prepare", None)
+        self._publish_prepared = getattr(publisher, "publish_prepared", None)
+        if self._prepare is None or self._publish_prepared is None:
+            self._prepare = self._publish_prepared = None
+
+    # -- the LookaheadRelay interface used by the beat loop --------------------------------
+
+    def held(self) -> int:
+        return sum(len(w.rows) for w in self._waves)
+
+    def next_due_at(self) -> datetime | None:
+        return self._hold_at(self._waves[0]) if self._waves else None
+
+    def poll(self) -> RelayReport:
+        report = relay_due(
+            clock=self.clock, publisher=self.publisher, shards=self.shards, node=self.token
+        )
+        return report + self.claim_ahead()
+
+    def step(self) -> RelayReport:
+        return self.publish_held() + self.poll()
+
+    def publish_held(self) -> RelayReport:
+        report = RelayReport()
+        while self._waves and self.clock.now() >= self._hold_at(self._waves[0]):
+            report += self.fire(self._waves.pop(0))
+        return report
+
+    def close(self) -> int:
+        rows = [r.outbox_id for w in self._waves for r in w.rows]
+        self._waves = []
+        return self._release(rows)
+
+    # -- 1 + 2: claim and prepare ahead ------------------------------------------------------
+
+    def claim_ahead(self) -> RelayReport:
+        """Claim rows due within the lookahead (up to ``max_rows`` held), prepare them."""
+        now = self.clock.now()
+        until = now + self.lookahead
+        expires = until + timedelta(seconds=conf.get().lease_seconds)
+        claimed: list[tuple[int, uuid.UUID, int, datetime]] = []
+        started = time.perf_counter()
+        while (room := min(self.max_rows - self.held() - len(claimed), SQL_CHUNK)) > 0:
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(
+                    CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
+                    {
+                        "token": self.token,
+                        "expires": expires,
+                        "now": now,
+                        "until": until,
+                        "limit": room,
+                        "shards": list(self.shards or ()),
+                    },
+                )
+                got = cur.fetchall()
+            claimed += got
+            if len(got) < room:
+                break
+        self.stats.add("claim", len(claimed), started)
+        if claimed:
+            self._add_rows(self._prepare_rows(claimed))
+        return RelayReport(held=len(claimed))
+
+    def _prepare_rows(self, claimed: list[tuple[int, uuid.UUID, int, datetime]]) -> list[_Row]:
+        started = time.perf_counter()
+        by_outbox = {c[0]: c for c in claimed}
+        messages: list[OccurrenceMessage] = []
+        meta: list[tuple[int, int]] = []
+        for start in range(0, len(claimed), SQL_CHUNK):
+            with connection.cursor() as cur:
+                cur.execute(READ_SQL, [[c[0] for c in claimed[start : start + SQL_CHUNK]]])
+                for (
+                    outbox_id,
+                    occ_id,
+                    version,
+                    at,
+                    sid,
+                    sver,
+                    task,
+                    args,
+                    kwargs,
+                    queue,
+                    prio,
+                    tenant,
+                ) in cur.fetchall():
+                    messages.append(
+                        OccurrenceMessage(
+                            occurrence_id=str(occ_id),
+                            schedule_id=str(sid),
+                            schedule_version=version,
+                            scheduled_for=at,
+                            tenant=tenant,
+                            task=task,
+                            args=tuple(decode_json(args) or ()),
+                            kwargs=dict(decode_json(kwargs) or {}),
+                            queue=queue or "",
+                            priority=int(prio),
+                        )
+                    )
+                    meta.append((outbox_id, sver))
+        self.stats.add("read", len(messages), started)
+        started = time.perf_counter()
+        prepared: Sequence[Any] = self._prepare(messages) if self._prepare else messages
+        self.stats.add("prepare", len(messages), started)
+        rows = []
+        for (outbox_id, sver), item in zip(meta, prepared, strict=True):
+            _, occ_id, shard, available_at = by_outbox[outbox_id]
+            rows.append(_Row(outbox_id, occ_id, shard, available_at, sver, item))
+        return rows
+
+    def _add_rows(self, rows: Iterable[_Row]) -> None:
+        everything = [r for w in self._waves for r in w.rows] + list(rows)
+        everything.sort(key=lambda r: r.available_at)
+        waves: list[_Wave] = []
+        span = timedelta(seconds=WAVE_SECONDS)
+        for row in everything:
+            if not waves or row.available_at - waves[-1].start > span:
+                waves.append(_Wave(start=row.available_at))
+            waves[-1].rows.append(row)
+        self._waves = waves
+
+    def _hold_at(self, wave: _Wave) -> datetime:
+        return wave.start - self.hold - timedelta(seconds=len(wave.rows) / LOCK_ROWS_PER_SECOND)
+
+    # -- 3-5: hold, publish at the instant, mark, commit -------------------------------------
+
+    def fire(self, wave: _Wave) -> RelayReport:
+        """One transaction for one wave (module docstring, steps 3 to 5)."""
+        try:
+            with transaction.atomic():
+                report, release = self._fire_locked(wave)
+        except BaseException:
+            self._release_quietly([r.outbox_id for r in wave.rows])
+            raise
+        self._release(release)
+        return report
+
+    def _fire_locked(self, wave: _Wave) -> tuple[RelayReport, list[int]]:
+        started = time.perf_counter()
+        lost = self._fence({r.shard for r in wave.rows})
+        rows = [r for r in wave.rows if r.shard not in lost]
+        release = [r.outbox_id for r in wave.rows if r.shard in lost]
+        fenced = len(release)
+        states = self._lock([r.occurrence_id for r in rows])
+        versions, unsent = self._current(rows, states)
+        send: list[_Row] = []
+        drop: list[int] = []
+        stale: list[uuid.UUID] = []
+        for row in rows:
+            locked = states.get(row.occurrence_id)
+            if locked is None:
+                release.append(row.outbox_id)  # a worker or lifecycle call holds it: later
+                continue
+            state, version, manual, schedule_id = locked
+            if row.outbox_id not in unsent:
+                continue  # another relay sent it before our lock
+            current = versions.get(schedule_id)
+            if state not in _PUBLISHABLE:
+                drop.append(row.outbox_id)
+            elif current != version and not manual:
+                drop.append(row.outbox_id)
+                stale.append(row.occurrence_id)
+            elif current != row.schedule_version:
+                release.append(row.outbox_id)  # manual, schedule changed: rebuild later
+            else:
+                send.append(row)
+        now = self.clock.now()
+        invalidated = self._drop(drop, stale, now)
+        self.stats.add("lock", len(wave.rows), started)
+        accepted = self._publish_at_times(send)
+        fault_point("relay.after_publish")
+        fault_point("relay.before_mark")
+        marked = self._mark(accepted)
+        return RelayReport(
+            claimed=len(wave.rows),
+            published=len(send),
+            marked=marked,
+            dropped=len(drop),
+            invalidated=invalidated,
+            locked=len(release) - fenced,
+        ), release
+
+    def _fence(self, shards: set[int]) -> set[int]:
+        if self.shard_fencing is None or not shards:
+            return set()
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT shard, fencing_token FROM django_app_shardlease WHERE shard = ANY(%s) "
+                "ORDER BY shard FOR UPDATE",
+                [sorted(shards)],
+            )
+            current = dict(cur.fetchall())
+        return {s for s in shards if current.get(s) != self.shard_fencing.get(s)}
+
+    def _lock(self, occurrence_ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[Any, ...]]:
+        states: dict[uuid.UUID, tuple[Any, ...]] = {}
+        for start in range(0, len(occurrence_ids), SQL_CHUNK):
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT id, state, schedule_version, manual, schedule_id "
+                    "FROM django_app_occurrence WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                    [occurrence_ids[start : start + SQL_CHUNK]],
+                )
+                states.update((row[0], row[1:]) for row in cur.fetchall())
+        return states
+
+    def _current(
+        self, rows: list[_Row], states: Mapping[uuid.UUID, tuple[Any, ...]]
+    ) -> tuple[dict[uuid.UUID, int], set[int]]:
+        """Schedule versions and unsent outbox ids, read in statements after the locks."""
+        schedule_ids = list({s[3] for s in states.values()})
+        outbox_ids = [r.outbox_id for r in rows if r.occurrence_id in states]
+        versions: dict[uuid.UUID, int] = {}
+        unsent: set[int] = set()
+        with connection.cursor() as cur:
+            for start in range(0, len(schedule_ids), SQL_CHUNK):
+                cur.execute(
+                    "SELECT id, version FROM django_app_schedule WHERE id = ANY(%s)",
+                    [schedule_ids[start : start + SQL_CHUNK]],
+                )
+                versions.update(cur.fetchall())
+            for start in range(0, len(outbox_ids), SQL_CHUNK):
+                cur.execute(
+                    "SELECT id FROM django_app_outboxentry WHERE id = ANY(%s) AND sent_at IS NULL",
+                    [outbox_ids[start : start + SQL_CHUNK]],
+                )
+                unsent.update(i for (i,) in cur.fetchall())
+        return versions, unsent
+
+    def _drop(self, drop: list[int], stale: list[uuid.UUID], now: datetime) -> int:
+        invalidated = 0
+        with connection.cursor() as cur:
+            if stale:
+                cur.execute(
+                    "UPDATE django_app_occurrence SET state = %s, finished_at = %s, reason = %s "
+                    "WHERE id = ANY(%s) AND state = ANY(%s)",
+                    [
+                        OccurrenceState.CANCELED.value,
+                        now,
+                        "invalidated: schedule version changed before publishing",
+                        stale,
+                        _PUBLISHABLE,
+                    ],
+                )
+                invalidated = cur.rowcount
+            if drop:
+                cur.execute(
+                    "UPDATE django_app_outboxentry SET sent_at = %s, claimed_by = 'dropped', "
+                    "claim_expires_at = NULL WHERE id = ANY(%s) AND sent_at IS NULL",
+                    [now, drop],
+                )
+        return invalidated
+
+    def _publish_at_times(self, send: list[_Row]) -> list[tuple[list[_Row], datetime]]:
+        """Publish in ``available_at`` order, each row not before its time; returns chunks
+        with the instant the broker had accepted each."""
+        accepted: list[tuple[list[_Row], datetime]] = []
+        started = time.perf_counter()
+        i = 0
+        while i < len(send):
+            due_at = send[i].available_at
+            j = i
+            while j < len(send) and j - i < PUBLISH_CHUNK and send[j].available_at <= due_at:
+                j += 1
+            wait = (due_at - self.clock.now()).total_seconds()
+            if wait > 0:
+                self.clock.sleep(wait)
+                started += wait
+            chunk = send[i:j]
+            if self._publish_prepared is not None:
+                self._publish_prepared([r.prepared for r in chunk])
+            else:
+                self.publisher.publish([r.prepared for r in chunk])
+            accepted.append((chunk, self.clock.now()))
+            i = j
+        self.stats.add("publish", len(send), started)
+        return accepted
+
+    def _mark(self, accepted: list[tuple[list[_Row], datetime]]) -> int:
+        started = time.perf_counter()
+        outbox_ids = [r.outbox_id for chunk, _ in accepted for r in chunk]
+        occ_ids = [r.occurrence_id for chunk, _ in accepted for r in chunk]
+        times = [at for chunk, at in accepted for _ in chunk]
+        if not outbox_ids:
+            return 0
+        with connection.cursor() as cur:
+            cur.execute(MARK_OUTBOX_SQL, [outbox_ids, times])
+            marked = cur.rowcount
+            cur.execute(
+                MARK_OCCURRENCE_SQL, [OccurrenceState.ENQUEUED.value, occ_ids, times, _PUBLISHABLE]
+            )
+        self.stats.add("mark", len(outbox_ids), started)
+        return marked
+
+    def _release_quietly(self, ids: list[int]) -> None:
+        try:
+            self._release(ids)
+        except Exception:  # the database may be what failed; the claims then just expire
+            logger.warning("burst relay %s: could not release %d claim(s)", self.token, len(ids))
+
+    def _release(self, ids: list[int]) -> int:
+        released = 0
+        for start in range(0, len(ids), SQL_CHUNK):
+            with connection.cursor() as cur:
+                cur.execute(
+                    "UPDATE django_app_outboxentry SET claimed_by = '', claim_expires_at = NULL "
+                    "WHERE id = ANY(%s) AND claimed_by = %s AND sent_at IS NULL",
+                    [ids[start : start + SQL_CHUNK], self.token],
+                )
+                released += cur.rowcount
+        return released

@@ -1,0 +1,67 @@
+"""Statements and stage timings of :mod:`django_app.burst` (PostgreSQL only)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class BurstStats:
+    """Rows and seconds per stage, accumulated over the relay's life (rows/s = ratio)."""
+
+    rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, stage: str, rows: int, started: float) -> None:
+        self.rows[stage] += rows
+        self.seconds[stage] += time.perf_counter() - started
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        return {
+            k: {
+                "rows": self.rows[k],
+                "seconds": round(self.seconds[k], 3),
+                "rows_per_s": round(self.rows[k] / self.seconds[k]) if self.seconds[k] else 0,
+            }
+            for k in self.rows
+        }
+
+
+def decode_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+SHARDS = "AND shard = ANY(%(shards)s)"
+CLAIM_SQL = """
+UPDATE django_app_outboxentry SET claimed_by = %(token)s, claim_expires_at = %(expires)s
+WHERE id IN (
+    SELECT id FROM django_app_outboxentry
+    WHERE sent_at IS NULL AND available_at > %(now)s AND available_at <= %(until)s {shards}
+      AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
+    ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id, occurrence_id, shard, available_at
+"""
+READ_SQL = """
+SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,
+       s.kwargs, s.queue, s.priority, t.slug
+FROM django_app_outboxentry b
+JOIN django_app_occurrence o ON o.id = b.occurrence_id
+JOIN django_app_schedule s ON s.id = o.schedule_id
+JOIN django_app_tenant t ON t.id = o.tenant_id
+WHERE b.id = ANY(%s)
+"""
+MARK_OUTBOX_SQL = """
+UPDATE django_app_outboxentry b
+SET sent_at = v.t, publish_count = b.publish_count + 1, claim_expires_at = NULL
+FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, t)
+WHERE b.id = v.id AND b.sent_at IS NULL
+"""
+MARK_OCCURRENCE_SQL = """
+UPDATE django_app_occurrence o SET state = %s, enqueued_at = COALESCE(o.enqueued_at, v.t)
+FROM unnest(%s::uuid[], %s::timestamptz[]) AS v(id, t)
+WHERE o.id = v.id AND o.state = ANY(%s)
+"""
