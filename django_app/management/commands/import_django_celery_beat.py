@@ -1,0 +1,178 @@
+"""Import django-celery-beat's periodic tasks as schedules (``--dry-run`` writes nothing).
+
+Reads django-celery-beat's tables with plain SQL, so it works whether or not
+``django_celery_beat`` is still in ``INSTALLED_APPS`` (the tables stay after removing it).
+Each PeriodicTask becomes a schedule created through the lifecycle API with the
+idempotency key ``dcb:<periodic task id>``: running the import twice creates nothing new.
+
+Mapping: crontab (+ its time zone) -> cron; interval (every + period) -> interval;
+clocked -> one-off at ``clocked_time``; ``enabled = false`` -> created, then paused;
+args/kwargs (JSON text), queue, priority, start_time -> start_at, expires -> end_at.
+Skipped with a reason: solar schedules, ``one_off`` tasks on an interval or crontab, one-offs
+that already ran, and anything validation rejects (an unknown task name, a past run_at...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK
+from django_app import lifecycle, validation
+
+PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+
+_QUERY = """
+SELECT t.id, t.name, t.task, t.args, t.kwargs, t.queue, t.priority, t.one_off, t.enabled,
+       t.start_time, t.expires, t.last_run_at, t.total_run_count,
+       i.every, i.period,
+       c.minute, c.hour, c.day_of_month, c.month_of_year, c.day_of_week, c.timezone,
+       k.clocked_time, t.solar_id
+FROM django_celery_beat_periodictask t
+LEFT JOIN django_celery_beat_intervalschedule i ON i.id = t.interval_id
+LEFT JOIN django_celery_beat_crontabschedule c ON c.id = t.crontab_id
+LEFT JOIN django_celery_beat_clockedschedule k ON k.id = t.clocked_id
+ORDER BY t.id
+"""
+_COLUMNS = (
+    "id name task args kwargs queue priority one_off enabled start_time expires last_run_at "
+    "total_run_count every period minute hour day_of_month month_of_year day_of_week "
+    "timezone clocked_time solar_id"
+).split()
+
+
+class Skip(Exception):
+    """The row is not imported; the message says why."""
+
+
+@dataclass(kw_only=True)
+class Plan:
+    dcb_id: int
+    name: str
+    values: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    skip: str = ""
+
+
+def _json(text: str | None, default: Any, what: str) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise Skip(f"{what} is not valid JSON: {text[:60]!r}") from None
+
+
+def _aware(value: Any) -> datetime | None:
+    """A stored timestamp as aware UTC (SQLite hands raw SQL naive values or text)."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)  # USE_TZ stores UTC
+    return value
+
+
+def _timing(row: dict[str, Any]) -> dict[str, Any]:
+    if row["solar_id"] is not None:
+        raise Skip("solar schedules are not supported; use a crontab in the local zone")
+    if row["clocked_time"] is not None:
+        if row["last_run_at"] is not None or (row["total_run_count"] or 0) > 0:
+            raise Skip("clocked one-off already ran")
+        return {"run_at": _aware(row["clocked_time"])}
+    if row["one_off"]:
+        raise Skip("one_off on an interval/crontab is not imported; use a clocked schedule")
+    if row["every"] is not None:
+        unit = PERIOD_SECONDS.get(row["period"])
+        if unit is None:
+            raise Skip(f"interval period {row['period']!r} is not supported")
+        return {"interval": int(row["every"]) * unit}
+    if row["minute"] is not None:
+        fields = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+        cron = " ".join(str(row[f]).replace(" ", "") for f in fields)
+        return {"cron": cron, "timezone": str(row["timezone"] or "UTC")}
+    raise Skip("no schedule attached")
+
+
+def plan_row(row: dict[str, Any]) -> Plan:
+    plan = Plan(dcb_id=row["id"], name=row["name"], enabled=bool(row["enabled"]))
+    try:
+        plan.values = {
+            "name": row["name"][:200],
+            "task": row["task"],
+            "args": _json(row["args"], [], "args"),
+            "kwargs": _json(row["kwargs"], {}, "kwargs"),
+            "queue": row["queue"] or "",
+            "priority": int(row["priority"] or 0),
+            "start_at": _aware(row["start_time"]),
+            "end_at": _aware(row["expires"]),
+            **_timing(row),
+        }
+        validation.validate(now=SYSTEM_CLOCK.now(), **plan.values)
+    except Skip as skip:
+        plan.skip = str(skip)
+    except errors.ValidationError as exc:
+        plan.skip = str(exc)
+    return plan
+
+
+class Command(BaseCommand):
+    help = "Import django-celery-beat periodic tasks as schedules (idempotent; --dry-run)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="report only; write nothing")
+        parser.add_argument("--tenant", default=None, help="tenant slug (default tenant)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if "django_celery_beat_periodictask" not in connection.introspection.table_names():
+            raise CommandError(
+                "django-celery-beat's tables are not in this database "
+                "(django_celery_beat_periodictask is missing); nothing to import"
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(_QUERY)
+            rows = [dict(zip(_COLUMNS, values, strict=True)) for values in cursor.fetchall()]
+        dry_run = options["dry_run"]
+        verb = "would create" if dry_run else "created"
+        counts = {"create": 0, "skip": 0, "exists": 0}
+        for plan in map(plan_row, rows):
+            label = f"#{plan.dcb_id} {plan.name!r}"
+            if plan.skip:
+                counts["skip"] += 1
+                self.stdout.write(f"skip    {label}: {plan.skip}")
+                continue
+            state = "" if plan.enabled else " (paused: disabled in django-celery-beat)"
+            if dry_run:
+                counts["create"] += 1
+                self.stdout.write(f"{verb} {label}: {plan.values['task']}{state}")
+                continue
+            outcome = self._create(plan, options["tenant"])
+            counts[outcome] += 1
+            word = verb if outcome == "create" else "exists "
+            self.stdout.write(f"{word} {label}: {plan.values['task']}{state}")
+        self.stdout.write(
+            f"{len(rows)} periodic task(s): {counts['create']} {verb}, "
+            f"{counts['exists']} already imported, {counts['skip']} skipped"
+            + (" (dry run: nothing written)" if dry_run else "")
+        )
+
+    def _create(self, plan: Plan, tenant: str | None) -> str:
+        key = f"dcb:{plan.dcb_id}"
+        tenant_obj = lifecycle.resolve_tenant(tenant)
+        existed = tenant_obj.schedules.filter(idempotency_key=key).exists()
+        try:
+            schedule = lifecycle.create_schedule(
+                tenant=tenant_obj, idempotency_key=key, source="django_celery_beat",
+                **plan.values,
+            )  # fmt: skip
+        except errors.IdempotencyConflict:
+            return "exists"  # imported before, changed since: leave the imported one alone
+        if not plan.enabled:
+            lifecycle.pause_schedule(schedule.id)
+        return "exists" if existed else "create"

@@ -1,0 +1,107 @@
+"""``import_django_celery_beat`` against real django-celery-beat tables.
+
+django_celery_beat is installed for this test only (settings override + its migrations),
+so the project itself does not depend on it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import UTC, timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.test import override_settings
+
+from celery_scheduler.core.clock import SYSTEM_CLOCK
+from django_app.models import Schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def dcb() -> Iterator[None]:
+    apps = [*settings.INSTALLED_APPS, "django_celery_beat"]
+    with override_settings(INSTALLED_APPS=apps):
+        call_command("migrate", "django_celery_beat", verbosity=0)
+        try:
+            yield
+        finally:
+            call_command("migrate", "django_celery_beat", "zero", verbosity=0)
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("import_django_celery_beat", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
+    from django_celery_beat import models as m
+
+    every = m.IntervalSchedule.objects.create(every=90, period="seconds")
+    hourly = m.IntervalSchedule.objects.create(every=2, period="hours")
+    berlin = m.CrontabSchedule.objects.create(
+        minute="30", hour="2", day_of_week="*", day_of_month="*", month_of_year="*",
+        timezone="Europe/Berlin",
+    )  # fmt: skip
+    run_at = SYSTEM_CLOCK.now() + timedelta(hours=1)
+    clocked = m.ClockedSchedule.objects.create(clocked_time=run_at)
+    sun = m.SolarSchedule.objects.create(event="sunrise", latitude=52.5, longitude=13.4)
+    tasks = {
+        "interval": m.PeriodicTask.objects.create(
+            name="interval", task="billing.ping", interval=every, args=json.dumps(["a"]),
+            kwargs=json.dumps({"message": "hi"}), queue="reports", priority=4,
+        ),
+        "disabled": m.PeriodicTask.objects.create(
+            name="disabled", task="billing.ping", interval=hourly, enabled=False
+        ),
+        "cron": m.PeriodicTask.objects.create(name="cron", task="billing.ping", crontab=berlin),
+        "clocked": m.PeriodicTask.objects.create(
+            name="clocked", task="billing.ping", clocked=clocked, one_off=True
+        ),
+        "solar": m.PeriodicTask.objects.create(name="solar", task="billing.ping", solar=sun),
+        "unknown": m.PeriodicTask.objects.create(
+            name="unknown", task="nope.missing", interval=every
+        ),
+    }  # fmt: skip
+
+    report = run("--dry-run")
+    assert Schedule.objects.count() == 0
+    assert "6 periodic task(s): 4 would create, 0 already imported, 2 skipped" in report
+    assert f"skip    #{tasks['solar'].id} 'solar': solar schedules are not supported" in report
+    assert f"#{tasks['unknown'].id} 'unknown'" in report
+    assert "nope.missing" in report
+    assert "(paused: disabled in django-celery-beat)" in report
+
+    assert "4 created, 0 already imported, 2 skipped" in run()
+    by_name = {s.name: s for s in Schedule.objects.all()}
+    assert set(by_name) == {"interval", "disabled", "cron", "clocked"}
+    interval = by_name["interval"]
+    assert (interval.kind, interval.interval_seconds, interval.args, interval.kwargs) == (
+        "INTERVAL", 90, ["a"], {"message": "hi"},
+    )  # fmt: skip
+    assert (interval.queue, interval.priority, interval.source) == (
+        "reports", 4, "django_celery_beat",
+    )  # fmt: skip
+    assert interval.idempotency_key == f"dcb:{tasks['interval'].id}"
+    assert (by_name["disabled"].interval_seconds, by_name["disabled"].state) == (7200, "PAUSED")
+    cron = by_name["cron"]
+    assert (cron.kind, cron.cron, cron.timezone) == ("CRON", "30 2 * * *", "Europe/Berlin")
+    one_off = by_name["clocked"]
+    assert one_off.kind == "ONE_OFF"
+    assert one_off.run_at == run_at.astimezone(UTC).replace(microsecond=run_at.microsecond)
+
+    assert "0 created, 4 already imported, 2 skipped" in run()
+    assert Schedule.objects.count() == 4
+
+
+def test_without_the_tables_the_command_explains(db: None) -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="django_celery_beat_periodictask is missing"):
+        run()
+    assert Schedule.objects.count() == 0
