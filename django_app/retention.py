@@ -200,8 +200,10 @@ def _delete_occurrence_batch(state: str, cutoff: datetime, size: int) -> tuple[i
         attempts, _ = Attempt.objects.filter(occurrence_id__in=ids).delete()
         sent = OutboxEntry.objects.filter(occurrence_id__in=ids, sent_at__isnull=False)
         outbox, _ = sent.delete()
-        _, per_model = Occurrence.objects.filter(id__in=ids).delete()
-        return per_model.get(Occurrence._meta.label, 0), attempts, outbox
+        # One plain DELETE, no ORM cascade: should an unsent outbox row still point at one
+        # of these ids, the foreign key fails the batch instead of silently deleting it.
+        occurrences = Occurrence.objects.filter(id__in=ids)._raw_delete(connection.alias)
+        return occurrences, attempts, outbox
 
 
 def _delete_idempotency_batch(cutoff: datetime, size: int) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from celery_scheduler import errors
@@ -310,3 +310,21 @@ def test_text_summary(schedule: Schedule) -> None:
     assert "would delete 1 occurrence(s), 2 attempt(s), 1 outbox row(s)" in text
     assert "kept 1 old finished occurrence(s) whose outbox row is still unsent" in text
     assert Occurrence.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_that_would_orphan_an_unsent_outbox_row_fails_whole(
+    tenant_factory: Any, monkeypatch: Any
+) -> None:
+    """Belt and braces behind the eligibility filter: the foreign key refuses the delete."""
+    schedule = make_schedule(tenant_factory())
+    sent = add(schedule, S.SUCCEEDED, due_days_ago=42, finished_days_ago=41)
+    unsent = add(schedule, S.SUCCEEDED, due_days_ago=41, finished_days_ago=40, outbox="unsent")
+    monkeypatch.setattr(retention, "prunable_occurrences", retention._old_terminal)
+
+    with pytest.raises(IntegrityError):
+        retention.prune(now=SYSTEM_CLOCK.now(), older_than=30 * DAY, batch_size=10)
+
+    assert surviving([sent, unsent]) == {str(sent.id), str(unsent.id)}
+    assert OutboxEntry.objects.get(occurrence=unsent).sent_at is None
+    assert Attempt.objects.count() == 4
