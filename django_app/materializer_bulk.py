@@ -267,42 +267,59 @@ def _pg_type(field: Any) -> str:
 
 
 def insert_ignore(model: Any, rows: list[dict[str, Any]]) -> set[Any]:
-    """``INSERT ... SELECT * FROM unnest(<one array per column>) ON CONFLICT DO NOTHING
-    RETURNING pk``, chunked; returns the pks inserted. Columns that are NULL in every row
-    and nullable are left to their NULL default (keeps JSON columns out of the arrays)."""
-    if not rows:
-        return set()
-    meta = model._meta
-    pk = meta.pk
-    quote = connection.ops.quote_name
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING pk`` of ``rows``; returns the pks
+    inserted (see :func:`_insert_sql` for the statement's shape)."""
+    pk = model._meta.pk
     created: set[Any] = set()
     for start in range(0, len(rows), INSERT_CHUNK):
-        chunk = rows[start : start + INSERT_CHUNK]
-        columns: list[Any] = []
-        arrays: list[list[Any]] = []
-        for field in meta.concrete_fields:
-            values = [single._db_value(field, row) for row in chunk]
-            if field.null and all(v is None for v in values):
-                continue
-            columns.append(field)
-            arrays.append(values)
-        names = ", ".join(quote(str(f.column)) for f in columns)
-        unnest = ", ".join(f"%s::{_pg_type(f)}[]" for f in columns)
-        sql = (
-            f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT * FROM unnest({unnest}) "
-            f"ON CONFLICT DO NOTHING RETURNING {quote(str(pk.column))}"
-        )
+        sql, params = _insert_sql(model, rows[start : start + INSERT_CHUNK], skip={})
         with connection.cursor() as cur:
-            cur.execute(sql, arrays)
-            created.update(pk.to_python(value) for (value,) in cur.fetchall())
+            cur.execute(f"{sql} ON CONFLICT DO NOTHING RETURNING {_quote(pk.column)}", params)
+            created.update(value for (value,) in cur.fetchall())
     return created
+
+
+def _quote(name: str) -> str:
+    return str(connection.ops.quote_name(name))
+
+
+def _insert_sql(
+    model: Any, chunk: list[dict[str, Any]], *, skip: Collection[str]
+) -> tuple[str, list[Any]]:
+    """``INSERT INTO t (cols) SELECT v.*, <constants> FROM unnest(<arrays>) v``.
+
+    Python values go to psycopg as they are (uuid, aware datetime, int, str): Django's
+    per-value preparation cost more than the statement. A column with one value in every
+    row is a scalar parameter, not an array (most columns of a fresh occurrence); a
+    nullable column that is NULL in every row is left out (NULL default).
+    """
+    varying: list[tuple[Any, list[Any]]] = []
+    constant: list[tuple[Any, Any]] = []
+    for field in model._meta.concrete_fields:
+        if field.attname in skip:
+            continue
+        default = field.get_default()
+        values = [row.get(field.attname, default) for row in chunk]
+        first = values[0]
+        if all(v == first and type(v) is type(first) for v in values):
+            if first is not None or not field.null:
+                constant.append((field, first))
+        else:
+            varying.append((field, values))
+    names = ", ".join(_quote(f.column) for f, _ in varying + constant)
+    arrays = ", ".join(f"%s::{_pg_type(f)}[]" for f, _ in varying)
+    scalars = "".join(f", %s::{_pg_type(f)}" for f, _ in constant)
+    if varying:
+        source = f"SELECT v.*{scalars} FROM unnest({arrays}) AS v"
+    else:
+        source = f"SELECT {scalars[2:]} FROM generate_series(1, {len(chunk)})"
+    params = [v for _, v in constant] + [v for _, v in varying]  # placeholder order
+    return f"INSERT INTO {_quote(model._meta.db_table)} ({names}) {source}", params
 
 
 def _insert_outbox(
     rows: list[dict[str, Any]], owner: dict[uuid.UUID, Schedule], *, now: datetime
 ) -> None:
-    if not rows:
-        return
     entries = [
         {
             "occurrence_id": row["id"],
@@ -314,25 +331,10 @@ def _insert_outbox(
         }
         for row in rows
     ]
-    fields_ = [f for f in OutboxEntry._meta.concrete_fields if f.attname != "id"]
-    quote = connection.ops.quote_name
     for start in range(0, len(entries), INSERT_CHUNK):
-        chunk = entries[start : start + INSERT_CHUNK]
-        columns, arrays = [], []
-        for field in fields_:
-            values = [single._db_value(field, e) for e in chunk]
-            if field.null and all(v is None for v in values):
-                continue
-            columns.append(field)
-            arrays.append(values)
-        names = ", ".join(quote(str(f.column)) for f in columns)
-        unnest = ", ".join(f"%s::{_pg_type(f)}[]" for f in columns)
+        sql, params = _insert_sql(OutboxEntry, entries[start : start + INSERT_CHUNK], skip={"id"})
         with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {quote(OutboxEntry._meta.db_table)} ({names}) "
-                f"SELECT * FROM unnest({unnest})",
-                arrays,
-            )
+            cur.execute(sql, params)
 
 
 def _advance(planned: list[_Planned], *, now: datetime) -> int:
