@@ -162,9 +162,18 @@ class DatabaseScheduler(beat.Scheduler):
                 from celery_scheduler.publishers import celery_publisher
 
                 publisher = celery_publisher(self.app)
-            self._relay = LookaheadRelay(
-                clock=self.clock, publisher=publisher, node=self.node, lookahead=self.lookahead
-            )
+            if _burst_relay_enabled():
+                from django_app.burst import BurstRelay
+
+                # Same duck interface (poll / publish_held / next_due_at / close).
+                self._relay = BurstRelay(  # type: ignore[assignment]
+                    clock=self.clock, publisher=publisher, node=self.node
+                )
+            else:
+                self._relay = LookaheadRelay(
+                    clock=self.clock, publisher=publisher, node=self.node, lookahead=self.lookahead
+                )
+        assert self._relay is not None
         return self._relay
 
     def _step(self) -> None:
@@ -283,6 +292,15 @@ class DatabaseScheduler(beat.Scheduler):
                 connection.close()
         except Exception:  # closing a dead connection may raise too
             logger.debug("closing the database connection failed", exc_info=True)
+
+
+def _burst_relay_enabled() -> bool:
+    """``CELERY_SCHEDULER["burst_relay"]`` on PostgreSQL (elsewhere the lookahead relay)."""
+    from django.db import connection
+
+    from django_app import conf
+
+    return conf.get().burst_relay and connection.vendor == "postgresql"
 
 
 def _is_coordination_error(exc: Exception) -> bool:

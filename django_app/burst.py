@@ -154,19 +154,22 @@ class BurstRelay:
     # -- 1 + 2: claim and prepare ahead ------------------------------------------------------
 
     def claim_ahead(self) -> RelayReport:
-        """Claim rows due within the lookahead (up to ``max_rows`` held), prepare them."""
-        now = self.clock.now()
-        until = now + self.lookahead
-        expires = until + timedelta(seconds=conf.get().lease_seconds)
-        claimed: list[tuple[int, uuid.UUID, int, datetime]] = []
-        started = time.perf_counter()
-        while (room := min(self.max_rows - self.held() - len(claimed), SQL_CHUNK)) > 0:
+        """Claim rows due within the lookahead (up to ``max_rows`` held), prepare them.
+
+        Chunk by chunk, preparing each before claiming the next: while this relay builds
+        envelopes, other relays claim the following chunks, so a burst splits between them.
+        """
+        held = 0
+        while (room := min(self.max_rows - self.held(), SQL_CHUNK)) > 0:
+            started = time.perf_counter()
+            now = self.clock.now()
+            until = now + self.lookahead
             with transaction.atomic(), connection.cursor() as cur:
                 cur.execute(
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
                     {
                         "token": self.token,
-                        "expires": expires,
+                        "expires": until + timedelta(seconds=conf.get().lease_seconds),
                         "now": now,
                         "until": until,
                         "limit": room,
@@ -174,13 +177,13 @@ class BurstRelay:
                     },
                 )
                 got = cur.fetchall()
-            claimed += got
+            self.stats.add("claim", len(got), started)
+            if got:
+                self._add_rows(self._prepare_rows(got))
+                held += len(got)
             if len(got) < room:
                 break
-        self.stats.add("claim", len(claimed), started)
-        if claimed:
-            self._add_rows(self._prepare_rows(claimed))
-        return RelayReport(held=len(claimed))
+        return RelayReport(held=held)
 
     def _prepare_rows(self, claimed: list[tuple[int, uuid.UUID, int, datetime]]) -> list[_Row]:
         started = time.perf_counter()

@@ -93,6 +93,9 @@ CELERY_SCHEDULER = {
         ("horizon_seconds", os.environ.get("CELERY_SCHEDULER_HORIZON")),
         ("occurrence_lease_seconds", os.environ.get("CELERY_SCHEDULER_OCCURRENCE_LEASE")),
         ("lease_seconds", os.environ.get("CELERY_SCHEDULER_LEASE_SECONDS")),
+        ("bulk_materialize", os.environ.get("CELERY_SCHEDULER_BULK_MATERIALIZE")),
+        ("burst_relay", os.environ.get("CELERY_SCHEDULER_BURST_RELAY")),
+        ("burst_lookahead_seconds", os.environ.get("CELERY_SCHEDULER_BURST_LOOKAHEAD")),
     )
     if value
 }
