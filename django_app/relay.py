@@ -328,17 +328,16 @@ class LookaheadRelay:
             return _publish_rows(rows, self.clock, self.publisher)
 
     def _claim_ahead(self) -> RelayReport:
-        """Claim rows due within the window, batch after batch, until none or full."""
-        report = RelayReport()
-        batch_size = conf.get().batch_size
-        while True:
-            size = min(self.max_held - len(self.dispatcher), batch_size)
-            if size <= 0:
-                return report
-            one = self._claim_ahead_batch(size)
-            report += one
-            if one.held + one.released < size:
-                return report
+        """Claim at most one batch of rows due within the window.
+
+        One batch per poll, not all of them: with several relays polling, a burst is split
+        between them and published in parallel instead of by whoever polled first. Rows no
+        relay claimed ahead are published by the due path at their time anyway.
+        """
+        size = min(self.max_held - len(self.dispatcher), conf.get().batch_size)
+        if size <= 0:
+            return RelayReport()
+        return self._claim_ahead_batch(size)
 
     def _claim_ahead_batch(self, size: int) -> RelayReport:
         now = self.clock.now()
