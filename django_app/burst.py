@@ -65,7 +65,7 @@ PUBLISH_CHUNK = 5_000
 #: Rows per claim / read / lock statement.
 SQL_CHUNK = 20_000
 #: Locking rate assumed when choosing how early to open a wave's transaction (rows/s).
-LOCK_ROWS_PER_SECOND = 60_000
+LOCK_ROWS_PER_SECOND = 20_000
 
 _PUBLISHABLE = [s.value for s in PUBLISHABLE]
 
@@ -244,7 +244,11 @@ class BurstRelay:
         self._waves = waves
 
     def _hold_at(self, wave: _Wave) -> datetime:
-        return wave.start - self.hold - timedelta(seconds=len(wave.rows) / LOCK_ROWS_PER_SECOND)
+        # Open the wave's transaction early enough to lock all its rows before it is due:
+        # at the lock rate measured so far (or the assumed one), with 50 % to spare.
+        locked, spent = self.stats.rows.get("lock", 0), self.stats.seconds.get("lock", 0.0)
+        rate = locked / spent if locked >= 1_000 and spent > 0 else LOCK_ROWS_PER_SECOND
+        return wave.start - self.hold - timedelta(seconds=1.5 * len(wave.rows) / rate)
 
     # -- 3-5: hold, publish at the instant, mark, commit -------------------------------------
 
