@@ -54,29 +54,29 @@ def start_beat(
     env = dict(env)
     if fault:
         env["CELERY_SCHEDULER_FAULT"] = fault
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        [
+    with log_path.open("ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [
             sys.executable, "-m", "celery", "-A", "example_project", "beat",
             "-S", "celery_scheduler.beat:DatabaseScheduler",
             "--loglevel", "INFO", "--pidfile=", "-s", str(log_path.with_suffix(".db")),
-        ],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+            ],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def start_worker(
     env: dict[str, str], log_path: Path, *, name: str, queues: str = "celery"
 ) -> subprocess.Popen[bytes]:
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        [
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [
             sys.executable, "-m", "celery", "-A", "example_project", "worker",
             "-P", "solo", "-n", f"{name}@%h", "-Q", queues, "--loglevel", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+            ],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 10) -> None:
