@@ -156,9 +156,9 @@ def run_now(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occu
 
 def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
     """Re-enqueue a DEAD occurrence under the same occurrence id (attempts are kept)."""
-    from django_app import worker
+    from django_app.worker import replay_occurrence as replay
 
-    return worker.replay_occurrence(occurrence_id, clock=clock)
+    return replay(occurrence_id, clock=clock)
 
 
 def preview(

@@ -54,7 +54,7 @@ BASE: dict[str, Any] = {"name": "n", "task": "billing.ping", "cron": "* * * * *"
             "past",
         ),
         (
-            {"cron": None, "run_at": datetime(2026, 3, 2, 12, 0)},  # noqa: DTZ001
+            {"cron": None, "run_at": datetime(2026, 3, 2, 12, 0)},
             errors.InvalidTiming,
             "run_at",
             "time zone",
