@@ -44,7 +44,7 @@ from celery_scheduler.core.dispatcher import Dispatcher
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 
 logger = logging.getLogger(__name__)
@@ -216,10 +216,15 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         )
     marked = 0
     if to_send:
-        publisher.publish([message for _, message in to_send])
+        try:
+            publisher.publish([message for _, message in to_send])
+        except Exception:
+            observe.publish_failed(len(to_send))
+            raise
         fault_point("relay.after_publish")
         fault_point("relay.before_mark")
         sent_at = clock.now()
+        observe.published(((m.tenant, m.scheduled_for) for _, m in to_send), sent_at)
         marked = OutboxEntry.objects.filter(
             id__in=[row.id for row, _ in to_send], sent_at__isnull=True
         ).update(sent_at=sent_at, publish_count=F("publish_count") + 1, claim_expires_at=None)
