@@ -60,6 +60,12 @@ def ensure_django() -> None:
         django.setup()
 
 
+def conf_batch_size() -> int:
+    from django_app import conf
+
+    return conf.get().batch_size
+
+
 def node_name() -> str:
     return f"beat@{socket.gethostname()}:{os.getpid()}"
 
@@ -186,7 +192,20 @@ class DatabaseScheduler(beat.Scheduler):
             self._next_poll = self.clock.monotonic() + self.poll_interval
             self._relay_poll(relay)
             self._materialize(relay)
+            self._reap_expired_leases()
             self._relay_poll(relay)
+
+    def _reap_expired_leases(self) -> None:
+        """Occurrences whose worker lease expired go back through the outbox (same id).
+
+        Every beat may do this: the reaper's updates are conditional on the expired lease,
+        so two beats reaping at once cannot both re-queue one occurrence.
+        """
+        from django_app.worker import reap_expired
+
+        reaped = reap_expired(clock=self.clock, limit=conf_batch_size())
+        if reaped:
+            logger.info("beat %s: re-queued %d expired occurrence lease(s)", self.node, reaped)
 
     def _relay_poll(self, relay: LookaheadRelay) -> None:
         relay.poll()
