@@ -44,7 +44,7 @@ from celery_scheduler.core.dispatcher import Dispatcher
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
-from django_app import conf, observe
+from django_app import conf, observe, tenancy
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class RelayReport:
     (``invalidated`` of them were CANCELED here for an old schedule version).
     ``locked``: rows left for a later pass because their occurrence row was locked.
     ``held``: rows claimed ahead into the dispatcher. ``released``: held claims given back.
+    ``throttled``: rows left for a later pass by their tenant's trigger rate.
     """
 
     claimed: int = 0
@@ -76,6 +77,7 @@ class RelayReport:
     locked: int = 0
     held: int = 0
     released: int = 0
+    throttled: int = 0
 
     def __add__(self, other: RelayReport) -> RelayReport:
         return RelayReport(
@@ -108,7 +110,8 @@ def _due_rows(
     rows = rows.filter(_claim_free(now, token))
     if shards is not None:
         rows = rows.filter(shard__in=list(shards))
-    return rows.order_by("available_at", "-priority", "id")
+    # Callers take batches in tenant-fair order (tenancy.take_fair_batch).
+    return tenancy.without_exhausted(rows, now)
 
 
 def _new_token(node: str) -> str:
@@ -144,7 +147,7 @@ def relay_due(
         now = clock.now()
         one = _relay_batch(_due_rows(now, token, shards), size, clock, publisher, token)
         report += one
-        if one.claimed < size or one.claimed == one.locked:
+        if one.claimed < size or one.published + one.dropped == 0:
             break
     return report
 
@@ -155,15 +158,17 @@ def _relay_batch(
     """One transaction: take up to ``size`` rows, check, publish, mark (module docstring)."""
     now = clock.now()
     with transaction.atomic():
-        if _skip_locked():
-            rows = list(candidates.select_for_update(skip_locked=True, of=("self",))[:size])
+        lock = _skip_locked()
+        ids = tenancy.take_fair_batch(candidates, size, lock=lock, now=now, until=now, token=token)
+        if lock:
+            found = OutboxEntry.objects.in_bulk(ids)
         else:
-            ids = list(candidates.values_list("id", flat=True)[:size])
             lease = timedelta(seconds=conf.get().lease_seconds)
             OutboxEntry.objects.filter(
                 _claim_free(now, token), id__in=ids, sent_at__isnull=True
             ).update(claimed_by=token, claim_expires_at=now + lease)
-            rows = list(OutboxEntry.objects.filter(id__in=ids, claimed_by=token, sent_at=None))
+            found = OutboxEntry.objects.filter(claimed_by=token, sent_at=None).in_bulk(ids)
+        rows = [found[i] for i in ids if i in found]  # fair order
         if not rows:
             return RelayReport()
         return _publish_rows(rows, clock, publisher)
@@ -203,6 +208,9 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
                 occurrence, schedule, tenant=tenants.get(occurrence.tenant_id, "")
             )
             to_send.append((row, message))
+    waiting = tenancy.throttle([row for row, _ in to_send], now)
+    if waiting:
+        to_send = [pair for pair in to_send if pair[0].id not in waiting]
     invalidated = 0
     if stale:
         invalidated = Occurrence.objects.filter(id__in=stale, state__in=_PUBLISHABLE_VALUES).update(
@@ -240,7 +248,8 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         marked=marked,
         dropped=len(drop),
         invalidated=invalidated,
-        locked=len(rows) - len(to_send) - len(drop),
+        locked=len(rows) - len(to_send) - len(drop) - len(waiting),
+        throttled=len(waiting),
     )
 
 
@@ -347,17 +356,13 @@ class LookaheadRelay:
     def _claim_ahead_batch(self, size: int) -> RelayReport:
         now = self.clock.now()
         lease = timedelta(seconds=conf.get().lease_seconds)
-        candidates = _due_rows(now, self.token, self.shards, until=now + self.lookahead)
+        until = now + self.lookahead
+        candidates = _due_rows(now, self.token, self.shards, until=until)
         candidates = candidates.filter(available_at__gt=now)
         with transaction.atomic():
-            if _skip_locked():
-                ids = list(
-                    candidates.select_for_update(skip_locked=True, of=("self",)).values_list(
-                        "id", flat=True
-                    )[:size]
-                )
-            else:
-                ids = list(candidates.values_list("id", flat=True)[:size])
+            ids = tenancy.take_fair_batch(
+                candidates, size, lock=_skip_locked(), now=now, until=until, token=self.token
+            )
             OutboxEntry.objects.filter(
                 _claim_free(now, self.token), id__in=ids, sent_at__isnull=True
             ).update(claimed_by=self.token, claim_expires_at=now + lease)

@@ -1,0 +1,163 @@
+"""Tenant quotas on the data path: fair relay batches, trigger rate, running concurrency.
+
+**Fair batches** (:func:`take_fair_batch`): the relay picks due outbox rows in the weighted
+fair order of :mod:`celery_scheduler.core.fairness`, computed by a window function
+(``row_number() OVER (PARTITION BY tenant ORDER BY available_at, priority DESC, id)``
+divided by the tenant's ``relay_weight`` as a double) on PostgreSQL and SQLite alike.
+PostgreSQL does not allow ``FOR UPDATE`` in a query with a window function, so the ranked
+query is a sub-select of the ``pool_factor * size`` first fair rows, and the outer query
+locks ``size`` of them in fair order with ``FOR UPDATE OF o SKIP LOCKED`` (re-checking
+``sent_at`` and the claim under the lock). Concurrent relays therefore still get disjoint
+batches, as long as fewer than ``pool_factor`` of them race for the same rows. The window
+sorts every due row once per batch: O(due rows) per batch, fine for a backlog of some
+tens of thousands; the burst relay (millions of rows) has its own claim query.
+
+**Trigger rate** (:func:`throttle`): ``Tenant.max_trigger_rate`` messages a second, as a
+token bucket *per relay process* (so N relay processes publish at most N x the rate; one
+second of burst). Rows beyond it are left unpublished for a later pass (their claim is
+given back, ``available_at`` is unchanged so the tenant's own order holds), counted in
+``tenant_throttled_total{tenant}`` once per pass that leaves them, and a tenant with an
+empty bucket is left out of the next selections so it takes no batch space.
+
+**Running concurrency** (:func:`running_quota_full`): ``Tenant.max_running``, checked in the
+worker's claim transaction under a row lock on the tenant.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import F, FloatField, QuerySet, Value, Window
+from django.db.models.expressions import CombinedExpression
+from django.db.models.functions import Cast, Greatest, RowNumber
+
+from celery_scheduler import metrics
+from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.core.fairness import RateLimiter
+from django_app.models import Occurrence, OutboxEntry, Tenant
+
+#: The ranked sub-select holds this many batches, so that many racing relays (PostgreSQL)
+#: can each lock a full batch while skipping the rows the others hold.
+POOL_FACTOR = 4
+
+#: Trigger-rate buckets of this process, by tenant id.
+LIMITER: RateLimiter[int] = RateLimiter()
+
+_OUTER_LOCK_SQL = """
+SELECT o.id FROM django_app_outboxentry o JOIN ({ranked}) r ON r.id = o.id
+WHERE o.sent_at IS NULL AND o.available_at <= %s
+  AND (o.claimed_by = '' OR o.claimed_by = %s OR o.claim_expires_at IS NULL
+       OR o.claim_expires_at < %s)
+ORDER BY r.fair, r.available_at, r.priority DESC, r.id
+LIMIT %s FOR UPDATE OF o SKIP LOCKED
+"""
+
+
+def fair_rank() -> CombinedExpression:
+    """The fair key's first part: ``row_number() / relay_weight`` as a double."""
+    rank = Window(
+        RowNumber(),
+        partition_by=[F("tenant_id")],
+        order_by=[F("available_at").asc(), F("priority").desc(), F("id").asc()],
+    )
+    weight = Greatest(F("tenant__relay_weight"), Value(1))
+    return Cast(rank, FloatField()) / Cast(weight, FloatField())
+
+
+def take_fair_batch(
+    candidates: QuerySet[OutboxEntry],
+    size: int,
+    *,
+    lock: bool,
+    now: datetime,
+    until: datetime,
+    token: str,
+) -> list[int]:
+    """Ids of the next ``size`` candidates in fair order.
+
+    ``lock`` (PostgreSQL): the rows are locked ``FOR UPDATE SKIP LOCKED`` in the caller's
+    transaction, and ``now``/``until``/``token`` repeat the candidates' due and claim
+    conditions so they are re-checked on the locked row versions.
+    """
+    ranked = candidates.values("id", "available_at", "priority", fair=fair_rank()).order_by(
+        "fair", "available_at", "-priority", "id"
+    )
+    if not lock:
+        return [row["id"] for row in ranked[:size]]
+    pool = ranked[: size * POOL_FACTOR]
+    sql, params = pool.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(_OUTER_LOCK_SQL.format(ranked=sql), (*params, until, token, now, size))
+        return [row[0] for row in cursor.fetchall()]
+
+
+def without_exhausted(rows: QuerySet[OutboxEntry], now: datetime) -> QuerySet[OutboxEntry]:
+    """Leave out tenants whose trigger-rate bucket is empty at ``now``."""
+    exhausted = LIMITER.exhausted(now)
+    return rows.exclude(tenant_id__in=sorted(exhausted)) if exhausted else rows
+
+
+def throttle(rows: Iterable[OutboxEntry], now: datetime) -> set[int]:
+    """Take trigger-rate tokens for ``rows`` in order; returns the ids that must wait.
+
+    Must run inside the batch's transaction: the throttled rows' claims are given back
+    (``claimed_by = ''``) so any relay may take them once the tenant has tokens again.
+    """
+    by_tenant: dict[int, list[OutboxEntry]] = {}
+    for row in rows:
+        by_tenant.setdefault(row.tenant_id, []).append(row)
+    limits = dict(
+        Tenant.objects.filter(id__in=list(by_tenant), max_trigger_rate__gt=0).values_list(
+            "id", "max_trigger_rate"
+        )
+    )
+    waiting: set[int] = set()
+    counts: dict[int, int] = {}
+    for tenant_id, own in by_tenant.items():
+        granted = LIMITER.admit(tenant_id, limits.get(tenant_id), len(own), now)
+        if granted < len(own):
+            waiting.update(row.id for row in own[granted:])
+            counts[tenant_id] = len(own) - granted
+    if waiting:
+        OutboxEntry.objects.filter(id__in=waiting, sent_at__isnull=True).update(
+            claimed_by="", claim_expires_at=None
+        )
+        names = dict(Tenant.objects.filter(id__in=list(counts)).values_list("id", "slug"))
+        for tenant_id, n in counts.items():
+            metrics.inc("tenant_throttled_total", n, tenant=names.get(tenant_id, str(tenant_id)))
+    return waiting
+
+
+def running_quota_full(tenant_id: int, occurrence_id: uuid.UUID, now: datetime) -> str:
+    """Why the tenant cannot start another occurrence now ("" when it can).
+
+    Must run inside the claim transaction: the tenant row is locked ``FOR UPDATE`` (only
+    when it has a ``max_running``), so concurrent claims of one tenant count one after
+    another and never start more than ``max_running``. RUNNING occurrences whose lease
+    expired are not counted (their worker is gone), nor the one being claimed.
+    """
+    limit = (
+        Tenant.objects.select_for_update()
+        .filter(pk=tenant_id, max_running__gt=0)
+        .values_list("max_running", "slug")
+        .first()
+    )
+    if limit is None:
+        return ""
+    max_running, slug = limit
+    running = (
+        Occurrence.objects.filter(
+            tenant_id=tenant_id,
+            state=OccurrenceState.RUNNING.value,
+            lease_expires_at__gt=now,
+        )
+        .exclude(pk=occurrence_id)
+        .count()
+    )
+    if running < (max_running or 0):
+        return ""
+    metrics.inc("tenant_throttled_total", tenant=slug)
+    return f"tenant {slug}: {running} running, max_running {max_running}"
