@@ -168,7 +168,7 @@ class DatabaseScheduler(beat.Scheduler):
                 from celery_scheduler.publishers import celery_publisher
 
                 publisher = celery_publisher(self.app)
-            if _burst_relay_enabled():
+            if _burst_relay_enabled(self.app):
                 from django_app.burst import BurstRelay
 
                 # Same duck interface (poll / publish_held / next_due_at / close).
@@ -179,6 +179,10 @@ class DatabaseScheduler(beat.Scheduler):
                 self._relay = LookaheadRelay(
                     clock=self.clock, publisher=publisher, node=self.node, lookahead=self.lookahead
                 )
+            logger.info(
+                "beat %s: relay %s, publisher %s", self.node,
+                type(self._relay).__name__, type(publisher).__name__,
+            )  # fmt: skip
         assert self._relay is not None
         return self._relay
 
@@ -313,13 +317,14 @@ class DatabaseScheduler(beat.Scheduler):
             logger.debug("closing the database connection failed", exc_info=True)
 
 
-def _burst_relay_enabled() -> bool:
-    """``CELERY_SCHEDULER["burst_relay"]`` on PostgreSQL (elsewhere the lookahead relay)."""
+def _burst_relay_enabled(app: Any) -> bool:
+    """``CELERY_SCHEDULER["burst_relay"]`` (default: PostgreSQL with a Redis broker)."""
     from django.db import connection
 
     from django_app import conf
 
-    return conf.get().burst_relay and connection.vendor == "postgresql"
+    url = app.conf.broker_write_url or app.conf.broker_url
+    return conf.burst_relay_enabled(connection.vendor, url)
 
 
 def _is_coordination_error(exc: Exception) -> bool:

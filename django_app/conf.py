@@ -39,15 +39,22 @@ class SchedulerSettings:
     max_lateness_limit_seconds: int = 30 * 24 * 3600
     #: Check the task name against the Celery app's registry at create/update.
     validate_task_names: bool = True
-    #: PostgreSQL only (elsewhere the per-schedule path runs): materialize a batch of due
-    #: schedules in one transaction with set-based SQL (django_app.materializer_bulk).
-    bulk_materialize: bool = False
+    #: Materialize a batch of due schedules in one transaction with set-based SQL
+    #: (django_app.materializer_bulk) instead of one transaction per schedule. ``"auto"``
+    #: (default): on for PostgreSQL, off elsewhere; True/1 forces it where it applies
+    #: (PostgreSQL only: elsewhere the per-schedule path always runs); False/0 pins the
+    #: per-schedule path. Read with :func:`bulk_materialize_enabled`.
+    bulk_materialize: bool | int | str = "auto"
     #: Schedules per set-based materializer transaction.
     bulk_batch_size: int = 5000
     #: Beat uses django_app.burst.BurstRelay: claims and prepares rows due within
     #: ``burst_lookahead_seconds``, locks them ``burst_hold_seconds`` before their time,
-    #: publishes them pipelined at their time and marks them sent in bulk.
-    burst_relay: bool = False
+    #: publishes them pipelined at their time and marks them sent in bulk. ``"auto"``
+    #: (default): on for PostgreSQL with a ``redis://``/``rediss://`` broker (where the
+    #: pipelined fast publisher applies), elsewhere the kombu LookaheadRelay; True/1 forces
+    #: it on PostgreSQL with any broker; False/0 pins the LookaheadRelay. Read with
+    #: :func:`burst_relay_enabled`.
+    burst_relay: bool | int | str = "auto"
     burst_lookahead_seconds: int = 30
     burst_hold_seconds: int = 1
     #: Rows per burst wave (one transaction); more wait for the next wave.
@@ -64,3 +71,33 @@ def get() -> SchedulerSettings:
     if unknown:
         raise ValueError(f"Unknown CELERY_SCHEDULER setting(s) {unknown}; known: {sorted(_FIELDS)}")
     return SchedulerSettings(**overrides)
+
+
+def _switch(name: str, value: object, *, auto: bool) -> bool:
+    """A tri-state setting: ``"auto"`` -> ``auto``; booleans and 0/1 as given."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return auto
+    if isinstance(value, bool | int):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in {"0", "1", "true", "false"}:
+        return value.strip().lower() in {"1", "true"}
+    raise ValueError(f"CELERY_SCHEDULER[{name!r}] must be 'auto', true or false; got {value!r}")
+
+
+def bulk_materialize_enabled(vendor: str) -> bool:
+    """Whether the set-based materializer runs on a database of ``vendor``."""
+    if vendor != "postgresql":
+        return False
+    return _switch("bulk_materialize", get().bulk_materialize, auto=True)
+
+
+def burst_relay_enabled(vendor: str, broker_url: object) -> bool:
+    """Whether beat relays through BurstRelay (database ``vendor``, the app's broker URL)."""
+    if vendor != "postgresql":
+        return False
+    redis = (
+        isinstance(broker_url, str)
+        and broker_url.startswith(("redis://", "rediss://"))
+        and ";" not in broker_url  # a failover list: kombu picks the server
+    )
+    return _switch("burst_relay", get().burst_relay, auto=redis)

@@ -110,7 +110,7 @@ def materialize_due(
     commits only if the ShardLease row still carries that token.
     """
     cfg = conf.get()
-    if cfg.bulk_materialize and connection.vendor == "postgresql":
+    if conf.bulk_materialize_enabled(connection.vendor):
         from django_app.materializer_bulk import materialize_due_bulk
 
         return materialize_due_bulk(

@@ -139,10 +139,12 @@ def test_bulk_path_writes_exactly_what_the_per_schedule_path_writes(seed: int) -
         )
     clock = FrozenClock(NOW)
     horizon = 2 * MINUTE
-    with override_settings(CELERY_SCHEDULER={"max_missed_per_pass": 4}):
+    # The per-schedule side is pinned: on PostgreSQL materialize_due defaults to the bulk path.
+    with override_settings(CELERY_SCHEDULER={"max_missed_per_pass": 4, "bulk_materialize": 0}):
         single_report, single_rows = run_undone(
             lambda: materialize_due(clock=clock, horizon=horizon, batch_size=9)
         )
+    with override_settings(CELERY_SCHEDULER={"max_missed_per_pass": 4}):
         bulk_report, bulk_rows = run_undone(
             lambda: materialize_due_bulk(clock=clock, horizon=horizon, batch_size=9)
         )
@@ -170,7 +172,19 @@ def make(tenant: Tenant, **fields: Any) -> Schedule:
     )
 
 
-def test_the_setting_routes_materialize_due_to_the_bulk_path(monkeypatch: Any) -> None:
+@pytest.mark.parametrize(
+    ("setting", "routed"),
+    [
+        ({}, True),
+        ({"bulk_materialize": "auto"}, True),
+        ({"bulk_materialize": True}, True),
+        ({"bulk_materialize": False}, False),
+    ],
+)
+def test_the_setting_routes_materialize_due_to_the_bulk_path(
+    monkeypatch: Any, setting: dict[str, Any], routed: bool
+) -> None:
+    """On PostgreSQL the bulk path is the default ("auto"); False pins the per-schedule one."""
     tenant = Tenant.objects.create(slug="route")
     make(tenant)
     calls: list[int] = []
@@ -183,9 +197,9 @@ def test_the_setting_routes_materialize_due_to_the_bulk_path(monkeypatch: Any) -
         return real(read, **kw)
 
     monkeypatch.setattr(bulk, "_write_batch", counting)
-    with override_settings(CELERY_SCHEDULER={"bulk_materialize": True}):
+    with override_settings(CELERY_SCHEDULER=setting):
         report = materialize_due(clock=FrozenClock(NOW), horizon=MINUTE)
-    assert calls == [1]
+    assert calls == ([1] if routed else [])
     assert report.occurrences_created == 1
     assert report.completed == 1
 

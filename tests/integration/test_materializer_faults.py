@@ -50,9 +50,12 @@ def database_url() -> str:
     return f"postgres://{user}@{host or '127.0.0.1'}:{port}/{params['NAME']}"
 
 
-def run_child(at: datetime, fault: str | None) -> subprocess.CompletedProcess[str]:
+def run_child(
+    at: datetime, fault: str | None, *, bulk: bool = False
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "CELERY_SCHEDULER_FAULT"}
     env.update(DATABASE_URL=database_url(), DJANGO_SETTINGS_MODULE="example_project.settings")
+    env["CELERY_SCHEDULER_BULK_MATERIALIZE"] = "1" if bulk else "0"
     if fault:
         env["CELERY_SCHEDULER_FAULT"] = fault
     return subprocess.run(
@@ -77,12 +80,35 @@ def moved() -> int:
 def test_sigkill_then_restart_recovers_exactly_the_expected_set(
     fault: str, schedules_committed: int
 ) -> None:
+    """Per-schedule path: each fault point is hit once per schedule (one transaction each)."""
+    sigkill_then_restart(fault, schedules_committed, bulk=False)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("fault", "schedules_committed"),
+    [
+        ("materialize.before_insert", 0),
+        ("materialize.before_insert:2", 2),
+        ("materialize.after_commit", 2),
+        ("materialize.after_commit:2", 4),
+    ],
+)
+def test_bulk_path_sigkill_then_restart_recovers_exactly_the_expected_set(
+    fault: str, schedules_committed: int
+) -> None:
+    """Set-based path: each fault point is hit once per batch (2 schedules here), so a kill
+    leaves whole batches committed or nothing of them."""
+    sigkill_then_restart(fault, schedules_committed, bulk=True)
+
+
+def sigkill_then_restart(fault: str, schedules_committed: int, *, bulk: bool) -> None:
     clock = FrozenClock(NOW)
     for n in range(4):
         api.create_schedule(name=f"s{n}", task="billing.ping", cron="* * * * *", clock=clock)
     later = NOW + 3 * MINUTE  # the node comes up three minutes in: four fire times each
 
-    killed = run_child(later, fault)
+    killed = run_child(later, fault, bulk=bulk)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert killed.stdout == ""  # it died before reporting
     # Exactly the transactions that committed before the kill are visible; nothing partial.
@@ -90,7 +116,7 @@ def test_sigkill_then_restart_recovers_exactly_the_expected_set(
     assert Occurrence.objects.count() == 4 * schedules_committed
     assert OutboxEntry.objects.count() == 4 * schedules_committed
 
-    restarted = run_child(later, None)
+    restarted = run_child(later, None, bulk=bulk)
     assert restarted.returncode == 0, restarted.stderr
     report = json.loads(restarted.stdout)
     assert report["occurrences_created"] == 4 * (4 - schedules_committed)

@@ -19,7 +19,7 @@ from celery_scheduler.core.clock import FrozenClock
 from django_app import materializer
 from django_app.materializer import MaterializeReport, materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
-from tests.integration.test_materializer import MINUTE, NOW, make_schedule
+from tests.integration.test_materializer import MINUTE, NOW, make_schedule, per_schedule_path
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -63,6 +63,7 @@ def assert_one_per_key(
         assert s.next_run_at == cursor
 
 
+@per_schedule_path  # the bulk path skips locked rows: no lockstep
 def test_lockstep_nodes_conflict_on_the_unique_key_and_one_cursor_wins(
     tenant: Tenant, monkeypatch: pytest.MonkeyPatch
 ) -> None:
