@@ -1,5 +1,8 @@
 """``celery-scheduler-demo``: the whole system on one machine, with no servers.
 
+It also runs the invoice example (``billing.create_invoice``, daily, concurrency cap 1)
+twice by hand and shows that ``@idempotent_task`` created one invoice.
+
 A fresh data directory holds a SQLite database and an embedded broker (kombu's SQLAlchemy
 transport over SQLite). The demo migrates, creates a few example schedules (strict, flexible,
 one-off, and a DST-sensitive cron it only previews), starts ``celery beat`` with the
@@ -43,7 +46,8 @@ def _configure(data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _create_schedules(now: datetime) -> None:
+def _create_schedules(now: datetime) -> Any:
+    """The example schedules; returns the daily invoice schedule."""
     from celery_scheduler import api
 
     # Start a few seconds out so beat and the worker are up before the first fire time.
@@ -64,6 +68,26 @@ def _create_schedules(now: datetime) -> None:
         name="daily 02:30 Europe/Berlin", task="billing.ping", cron="30 2 * * *",
         timezone="Europe/Berlin", args=["dst"], idempotency_key="demo:dst",
     )  # fmt: skip
+    # The invoice job: daily, at most one run at a time across all workers.
+    return api.create_schedule(
+        name="daily invoice acme", task="billing.create_invoice",
+        args=["acme", f"{now:%Y-%m}"], cron="0 6 * * *", timezone="Europe/Berlin",
+        concurrency_limit=1, concurrency_group="invoices", idempotency_key="demo:invoice",
+    )  # fmt: skip
+
+
+def _print_invoices(invoice_schedule: Any) -> None:
+    """Two manual runs of the invoice job, one invoice: the business key deduplicated."""
+    from django_app.models import Occurrence
+    from example_project.billing.models import Invoice
+
+    customer, period = invoice_schedule.args
+    runs = Occurrence.objects.filter(schedule=invoice_schedule, manual=True).order_by("created_at")
+    results = [f"{o.state} -> {o.result}" for o in runs]
+    count = Invoice.objects.filter(customer=customer, period=period).count()
+    print(f"\ninvoice job ran {len(results)} times (run now, twice): {results}")
+    print(f"invoices for ({customer}, {period}): {count}  <- @idempotent_task returned the "
+          "stored result the second time")  # fmt: skip
 
 
 def _print_dst_preview() -> None:
@@ -165,9 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     from celery_scheduler.core.clock import SYSTEM_CLOCK
 
-    _create_schedules(SYSTEM_CLOCK.now())
+    invoice_schedule = _create_schedules(SYSTEM_CLOCK.now())
     _print_dst_preview()
     procs = _start(env, data_dir)
+    from celery_scheduler import api
+
+    for _ in range(2):  # the same business key twice: one invoice
+        api.run_now(invoice_schedule.id)
     print(f"\nbeat + worker started (logs in {data_dir}); running {args.seconds:g} s ...")
     try:
         counts = _watch(args.seconds, procs, data_dir)
@@ -176,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("\nstopping beat and worker ...")
         _stop(procs)
+    _print_invoices(invoice_schedule)
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "nothing"
     print(f"done: {summary}. Data kept in {data_dir}")
     return 0 if counts else 1
