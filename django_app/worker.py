@@ -4,16 +4,18 @@ Every state change is a conditional UPDATE checked by row count (``WHERE state I
 sources_of(target) AND fencing_token = %s``); a zero count raises :class:`errors.StaleWrite`
 instead of overwriting a newer attempt. The database, not Python, is the boundary.
 
-Lock order is schedule row, then occurrence row, then concurrency slot rows, the same order
-the lifecycle API uses (schedule then occurrences), so claims cannot deadlock with pause or
-cancel. Locking the schedule row is also what makes the overlap policy atomic: two workers
-claiming occurrences of one schedule are serialized on it, so they cannot both see "none
-running".
+Lock order is schedule row, then occurrence row, then the tenant row (only when it sets
+``max_running``: counting its RUNNING occurrences under that lock makes the quota atomic),
+then concurrency slot rows. The lifecycle API locks schedule then occurrences, and a tenant
+row only to insert a new schedule, so claims cannot deadlock with pause or cancel. Locking
+the schedule row is also what makes the overlap policy atomic: two workers claiming
+occurrences of one schedule are serialized on it, so they cannot both see "none running".
 
-Unclaimed occurrences that must wait (QUEUE_ONE, or no free concurrency slot) go back to the
-outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a new Attempt:
-waiting is not a try and does not burn the retry budget. Retries and lease-expiry recovery
-reset the outbox the same way, so the relay republishes the same occurrence id.
+Unclaimed occurrences that must wait (QUEUE_ONE, tenant at max_running, no free slot) go
+back to the outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a
+new Attempt: waiting is not a try and does not burn the retry budget. Retries and
+lease-expiry recovery reset the outbox the same way, so the relay republishes the same
+occurrence id.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL, sources_of
+from django_app import tenancy
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.worker_finish import (
     complete,
@@ -145,6 +148,9 @@ def _claim(
         held = _apply_overlap(schedule, occ, now, defer)
         if held is not None:
             return held
+        full = tenancy.running_quota_full(occ.tenant_id, occ.pk, now)
+        if full:
+            return _defer(occ, now + defer, full)
         token = occ.fencing_token + 1
         slot = None
         if schedule.concurrency_limit:
