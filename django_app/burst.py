@@ -34,7 +34,6 @@ import logging
 import time
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -52,7 +51,10 @@ from django_app.burst_sql import (
     READ_SQL,
     SHARDS,
     BurstStats,
+    HeldRow,
+    Wave,
     decode_json,
+    due,
 )
 from django_app.relay import PUBLISHABLE, RelayReport, _new_token, relay_due
 
@@ -68,22 +70,6 @@ SQL_CHUNK = 20_000
 LOCK_ROWS_PER_SECOND = 20_000
 
 _PUBLISHABLE = [s.value for s in PUBLISHABLE]
-
-
-@dataclass(slots=True)
-class _Row:
-    outbox_id: int
-    occurrence_id: uuid.UUID
-    shard: int
-    available_at: datetime
-    schedule_version: int  # the schedule's version the message was built from
-    prepared: Any  # PreparedMessage (fast publisher) or OccurrenceMessage
-
-
-@dataclass(slots=True)
-class _Wave:
-    start: datetime
-    rows: list[_Row] = field(default_factory=list)
 
 
 class BurstRelay:
@@ -117,7 +103,7 @@ class BurstRelay:
         self.shards = list(self.shard_fencing) if self.shard_fencing is not None else shards
         self.max_rows = max_rows or cfg.burst_max_rows
         self.stats = BurstStats()
-        self._waves: list[_Wave] = []
+        self._waves: list[Wave] = []
         self._prepare = getattr(publisher, "prepare", None)
         self._publish_prepared = getattr(publisher, "publish_prepared", None)
         if self._prepare is None or self._publish_prepared is None:
@@ -185,7 +171,7 @@ class BurstRelay:
                 break
         return RelayReport(held=held)
 
-    def _prepare_rows(self, claimed: list[tuple[int, uuid.UUID, int, datetime]]) -> list[_Row]:
+    def _prepare_rows(self, claimed: list[tuple[int, uuid.UUID, int, datetime]]) -> list[HeldRow]:
         started = time.perf_counter()
         by_outbox = {c[0]: c for c in claimed}
         messages: list[OccurrenceMessage] = []
@@ -226,24 +212,33 @@ class BurstRelay:
         started = time.perf_counter()
         prepared: Sequence[Any] = self._prepare(messages) if self._prepare else messages
         self.stats.add("prepare", len(messages), started)
+        del messages  # the envelopes are built: only the prepared bytes are held
+        instants: dict[datetime, datetime] = {}
         rows = []
         for (outbox_id, sver), item in zip(meta, prepared, strict=True):
             _, occ_id, shard, available_at = by_outbox[outbox_id]
-            rows.append(_Row(outbox_id, occ_id, shard, available_at, sver, item))
+            available_at = instants.setdefault(available_at, available_at)
+            rows.append(HeldRow(outbox_id, occ_id, shard, available_at, sver, item))
         return rows
 
-    def _add_rows(self, rows: Iterable[_Row]) -> None:
-        everything = [r for w in self._waves for r in w.rows] + list(rows)
-        everything.sort(key=lambda r: r.available_at)
-        waves: list[_Wave] = []
+    def _add_rows(self, rows: Iterable[HeldRow]) -> None:
+        new = sorted(rows, key=due)
+        if not new:
+            return
+        if self._waves and new[0].available_at < self._waves[-1].rows[-1].available_at:
+            # Out of order (rows released by another relay): regroup everything.
+            new = sorted([r for w in self._waves for r in w.rows] + new, key=due)
+            self._waves = []
+        # Claims come in available_at order, so a chunk usually extends the last wave:
+        # appending keeps a 500k burst at one pass over each chunk, not a re-sort per chunk.
+        waves = self._waves
         span = timedelta(seconds=WAVE_SECONDS)
-        for row in everything:
+        for row in new:
             if not waves or row.available_at - waves[-1].start > span:
-                waves.append(_Wave(start=row.available_at))
+                waves.append(Wave(start=row.available_at))
             waves[-1].rows.append(row)
-        self._waves = waves
 
-    def _hold_at(self, wave: _Wave) -> datetime:
+    def _hold_at(self, wave: Wave) -> datetime:
         # Open the wave's transaction early enough to lock all its rows before it is due:
         # at the lock rate measured so far (or the assumed one), with 50 % to spare.
         locked, spent = self.stats.rows.get("lock", 0), self.stats.seconds.get("lock", 0.0)
@@ -252,7 +247,7 @@ class BurstRelay:
 
     # -- 3-5: hold, publish at the instant, mark, commit -------------------------------------
 
-    def fire(self, wave: _Wave) -> RelayReport:
+    def fire(self, wave: Wave) -> RelayReport:
         """One transaction for one wave (module docstring, steps 3 to 5)."""
         try:
             with transaction.atomic():
@@ -263,7 +258,7 @@ class BurstRelay:
         self._release(release)
         return report
 
-    def _fire_locked(self, wave: _Wave) -> tuple[RelayReport, list[int]]:
+    def _fire_locked(self, wave: Wave) -> tuple[RelayReport, list[int]]:
         started = time.perf_counter()
         lost = self._fence({r.shard for r in wave.rows})
         rows = [r for r in wave.rows if r.shard not in lost]
@@ -271,7 +266,7 @@ class BurstRelay:
         fenced = len(release)
         states = self._lock([r.occurrence_id for r in rows])
         versions, unsent = self._current(rows, states)
-        send: list[_Row] = []
+        send: list[HeldRow] = []
         drop: list[int] = []
         stale: list[uuid.UUID] = []
         for row in rows:
@@ -333,7 +328,7 @@ class BurstRelay:
         return states
 
     def _current(
-        self, rows: list[_Row], states: Mapping[uuid.UUID, tuple[Any, ...]]
+        self, rows: list[HeldRow], states: Mapping[uuid.UUID, tuple[Any, ...]]
     ) -> tuple[dict[uuid.UUID, int], set[int]]:
         """Schedule versions and unsent outbox ids, read in statements after the locks."""
         schedule_ids = list({s[3] for s in states.values()})
@@ -379,10 +374,10 @@ class BurstRelay:
                 )
         return invalidated
 
-    def _publish_at_times(self, send: list[_Row]) -> list[tuple[list[_Row], datetime]]:
+    def _publish_at_times(self, send: list[HeldRow]) -> list[tuple[list[HeldRow], datetime]]:
         """Publish in ``available_at`` order, each row not before its time; returns chunks
         with the instant the broker had accepted each."""
-        accepted: list[tuple[list[_Row], datetime]] = []
+        accepted: list[tuple[list[HeldRow], datetime]] = []
         started = time.perf_counter()
         i = 0
         while i < len(send):
@@ -404,7 +399,7 @@ class BurstRelay:
         self.stats.add("publish", len(send), started)
         return accepted
 
-    def _mark(self, accepted: list[tuple[list[_Row], datetime]]) -> int:
+    def _mark(self, accepted: list[tuple[list[HeldRow], datetime]]) -> int:
         started = time.perf_counter()
         outbox_ids = [r.outbox_id for chunk, _ in accepted for r in chunk]
         occ_ids = [r.occurrence_id for chunk, _ in accepted for r in chunk]

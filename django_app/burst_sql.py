@@ -1,12 +1,41 @@
-"""Statements and stage timings of :mod:`django_app.burst` (PostgreSQL only)."""
+"""Held-row types, statements and stage timings of :mod:`django_app.burst` (PostgreSQL)."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+
+@dataclass(slots=True)
+class HeldRow:
+    """One held row: ids for the lock and the mark, and what the push needs.
+
+    A burst holds every row of its window, so nothing else is kept: the fast publisher's
+    ``PreparedMessage`` is the payload bytes and a shared list key (the full message is
+    dropped after preparing), and equal ``available_at`` values share one object.
+    """
+
+    outbox_id: int
+    occurrence_id: uuid.UUID
+    shard: int
+    available_at: datetime
+    schedule_version: int  # the schedule's version the message was built from
+    prepared: Any  # PreparedMessage (fast publisher) or OccurrenceMessage
+
+
+@dataclass(slots=True)
+class Wave:
+    start: datetime
+    rows: list[HeldRow] = field(default_factory=list)
+
+
+def due(row: HeldRow) -> datetime:
+    return row.available_at
 
 
 @dataclass(slots=True)

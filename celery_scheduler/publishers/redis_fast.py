@@ -58,15 +58,19 @@ class FastPathUnsupported(errors.SchedulerError):
 
 @dataclass(frozen=True, slots=True)
 class PreparedMessage:
-    """One message ready to LPUSH: ``key`` is the Redis list, ``payload`` the JSON bytes.
+    """One message ready to LPUSH: ``key`` is the Redis list, ``payload`` the JSON bytes,
+    ``queue`` the kombu queue (declared before the first push to it).
 
-    ``key`` is ``None`` when the route needs kombu; ``message`` then goes to the fallback.
+    A burst relay holds hundreds of thousands of these until their instant, so only what
+    the push needs is kept (``key`` and ``queue`` are shared strings): about the payload's
+    size each. ``key`` is ``None`` when the route needs kombu; then ``message`` is kept for
+    the fallback publisher (and ``payload`` is empty).
     """
 
-    task_id: str
     key: str | None
     payload: bytes
-    message: OccurrenceMessage
+    queue: str = ""
+    message: OccurrenceMessage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,7 @@ class RedisFastPublisher:
         self._forced_delivery_mode: Any = None  # set by _wrapper_exec_options
         self._wrapper_options = self._wrapper_exec_options()
         self._routes: dict[tuple[str, str], _Route] = {}
+        self._keys: dict[tuple[str, int], str] = {}
         self._declared: set[str] = set()
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -196,13 +201,11 @@ class RedisFastPublisher:
     def _prepare_one(self, message: OccurrenceMessage) -> PreparedMessage:
         route = self._route(message)
         if route.key is None:
-            return PreparedMessage(message.task_id, None, b"", message)
-        priority = message.priority or self._wrapper_options.get("priority") or 0
-        envelope = self.envelope(message, route=route, priority=int(priority))
+            return PreparedMessage(None, b"", route.queue, message)
+        priority = int(message.priority or self._wrapper_options.get("priority") or 0)
+        envelope = self.envelope(message, route=route, priority=priority)
         payload = _kombu_json(envelope).encode()
-        return PreparedMessage(
-            message.task_id, self._list_key(route.key, priority), payload, message
-        )
+        return PreparedMessage(self._list_key(route.key, priority), payload, route.queue)
 
     def envelope(
         self, message: OccurrenceMessage, *, route: _Route | None = None, priority: int = 0
@@ -273,7 +276,7 @@ class RedisFastPublisher:
     def publish_prepared(self, prepared: Sequence[PreparedMessage]) -> None:
         """LPUSH every prepared message (pipelined); the rest through the fallback."""
         fast = [p for p in prepared if p.key is not None]
-        slow = [p.message for p in prepared if p.key is None]
+        slow = [p.message for p in prepared if p.key is None and p.message is not None]
         if fast:
             self._declare(fast)
             try:
@@ -337,14 +340,18 @@ class RedisFastPublisher:
         return _Route(queue=name or "", key=name if reproducible else None, delivery_mode=mode)
 
     def _list_key(self, queue: str, priority: int) -> str:
-        # kombu.transport.redis.Channel._q_for_pri + GlobalKeyPrefixMixin.
-        step = self._steps[bisect(self._steps, max(0, min(int(priority), 9))) - 1]
-        name = f"{queue}{self._sep}{step}" if step else queue
-        return f"{self._keyprefix}{name}"
+        # kombu.transport.redis.Channel._q_for_pri + GlobalKeyPrefixMixin. Cached: one
+        # shared string per list instead of one per held message.
+        key = self._keys.get((queue, priority))
+        if key is None:
+            step = self._steps[bisect(self._steps, max(0, min(int(priority), 9))) - 1]
+            name = f"{queue}{self._sep}{step}" if step else queue
+            key = self._keys[(queue, priority)] = f"{self._keyprefix}{name}"
+        return key
 
     def _declare(self, fast: Sequence[PreparedMessage]) -> None:
         """Declare each queue once, with kombu itself, as ``send_task`` would."""
-        needed = {self._route(p.message).queue for p in fast} - self._declared
+        needed = {p.queue for p in fast} - self._declared
         if not needed:
             return
         with self._lock:

@@ -143,6 +143,11 @@ def test_burst_to_redis_arrives_once_each_on_time(app: Celery, redis_url: str) -
     relay = BurstRelay(clock=clock, publisher=publisher, node="n1")
     relay.poll()
     assert relay.held() == 400
+    held = [r.prepared for w in relay._waves for r in w.rows]
+    # What is held until T is the payload and a shared list key, not the source message.
+    assert all(p.message is None and p.payload.startswith(b'{"body": ') for p in held)
+    assert len({id(p.key) for p in held}) == 1
+    assert len({id(r.available_at) for w in relay._waves for r in w.rows}) == 1
     while (hold := relay.next_due_at()) is not None:
         clock.sleep((hold - clock.now()).total_seconds())
         relay.publish_held()

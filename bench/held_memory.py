@@ -1,0 +1,89 @@
+"""Memory of a burst held in one BurstRelay: RSS before and after claiming N prepared rows.
+
+    python -m bench.held_memory --n 100000
+
+Recreates the PostgreSQL database ``cs_scale_mem``, seeds N one-off schedules due in
+``lead`` seconds (``bench.seed``), materializes them with the set-based materializer, then
+one :class:`django_app.burst.BurstRelay` with the Redis fast publisher claims and prepares
+all of them (nothing is published: the rows are released at the end). Prints the process
+RSS before and after the claim, the peak (VmHWM), the held count and bytes per held row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PG = "postgres://postgres@127.0.0.1:5432"
+DB = "cs_scale_mem"
+BROKER = "redis://127.0.0.1:6379/12"
+
+
+def status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--lead", type=float, default=600.0, help="seconds to T")
+    args = parser.parse_args()
+    import psycopg
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{DB}"')
+    os.environ.update(
+        DATABASE_URL=f"{PG}/{DB}",
+        CELERY_BROKER_URL=BROKER,
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+    )
+    at = (datetime.now(UTC) + timedelta(seconds=args.lead)).replace(microsecond=0)
+    subprocess.run(
+        [sys.executable, "-m", "bench.seed", "ours", str(args.n), at.isoformat()],
+        cwd=ROOT,
+        check=True,
+    )
+    import django
+
+    django.setup()
+    from celery_scheduler.core.clock import SYSTEM_CLOCK
+    from celery_scheduler.publishers.redis_fast import publisher_for
+    from django_app.burst import BurstRelay
+    from django_app.materializer_bulk import materialize_due_bulk
+    from example_project.celery import app
+
+    report = materialize_due_bulk(clock=SYSTEM_CLOCK, horizon=timedelta(seconds=args.lead + 60))
+    print(f"materialized {report.occurrences_created} occurrences")
+    relay = BurstRelay(
+        clock=SYSTEM_CLOCK,
+        publisher=publisher_for(app),
+        node="held-memory",
+        lookahead=timedelta(seconds=args.lead + 60),
+        max_rows=args.n,
+    )
+    gc.collect()
+    before = status_mb("VmRSS")
+    relay.claim_ahead()
+    gc.collect()
+    after, peak = status_mb("VmRSS"), status_mb("VmHWM")
+    held = relay.held()
+    per_row = (after - before) * 1024 * 1024 / held if held else float("nan")
+    print(
+        f"held {held} rows: RSS {before:.0f} MB -> {after:.0f} MB "
+        f"({per_row:.0f} bytes/row), peak {peak:.0f} MB; stages {relay.stats.rates()}"
+    )
+    print(f"released {relay.close()} claim(s)")
+
+
+if __name__ == "__main__":
+    main()
