@@ -4,8 +4,9 @@ The per-batch relay does everything after ``available_at``: lock, read, build, p
 mark. For 500,000 rows due at one instant that is far too late. Here the work moves ahead:
 
 1. **claim** (``lookahead`` before the rows are due, committed): rows due within the
-   window are claimed durably (``claimed_by`` = this relay, ``claim_expires_at`` past the
-   window's end plus the lease), so no other relay takes them;
+   window are claimed durably (``claimed_by`` = this relay, ``claim_expires_at`` = each
+   row's ``available_at`` plus the lease), so no other relay takes them, and the rows of a
+   relay that died are taken over one lease after they were due;
 2. **prepare** (no transaction): one joined read loads what the messages need; the
    publisher's ``prepare`` builds and serialises the envelopes. Rows are grouped in waves
    (rows due within ``WAVE_SECONDS`` of the wave's first row);
@@ -155,7 +156,7 @@ class BurstRelay:
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
                     {
                         "token": self.token,
-                        "expires": until + timedelta(seconds=conf.get().lease_seconds),
+                        "lease": timedelta(seconds=conf.get().lease_seconds),
                         "now": now,
                         "until": until,
                         "limit": room,

@@ -65,8 +65,13 @@ def decode_json(value: Any) -> Any:
 
 
 SHARDS = "AND shard = ANY(%(shards)s)"
+#: A claim lasts until the row's own time plus the lease (not the window's end): rows a
+#: dead relay held are taken over one lease after they were due, however far ahead the
+#: window reached. Holding past that is harmless: the wave locks occurrence rows and
+#: re-checks ``sent_at`` before publishing, so an expired claim moves who sends, not how often.
 CLAIM_SQL = """
-UPDATE django_app_outboxentry SET claimed_by = %(token)s, claim_expires_at = %(expires)s
+UPDATE django_app_outboxentry
+SET claimed_by = %(token)s, claim_expires_at = available_at + %(lease)s
 WHERE id IN (
     SELECT id FROM django_app_outboxentry
     WHERE sent_at IS NULL AND available_at > %(now)s AND available_at <= %(until)s {shards}
