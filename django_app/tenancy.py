@@ -5,12 +5,13 @@ fair order of :mod:`celery_scheduler.core.fairness`, computed by a window functi
 (``row_number() OVER (PARTITION BY tenant ORDER BY available_at, priority DESC, id)``
 divided by the tenant's ``relay_weight`` as a double) on PostgreSQL and SQLite alike.
 PostgreSQL does not allow ``FOR UPDATE`` in a query with a window function, so the ranked
-query is a sub-select of the ``pool_factor * size`` first fair rows, and the outer query
+query is a sub-select of the ``POOL_FACTOR * size`` first fair rows, and the outer query
 locks ``size`` of them in fair order with ``FOR UPDATE OF o SKIP LOCKED`` (re-checking
 ``sent_at`` and the claim under the lock). Concurrent relays therefore still get disjoint
-batches, as long as fewer than ``pool_factor`` of them race for the same rows. The window
+batches, as long as fewer than ``POOL_FACTOR`` of them race for the same rows. The window
 sorts every due row once per batch: O(due rows) per batch, fine for a backlog of some
-tens of thousands; the burst relay (millions of rows) has its own claim query.
+tens of thousands. The burst relay (``burst_relay=1``) claims with its own query and
+applies neither fairness nor the trigger rate yet.
 
 **Trigger rate** (:func:`throttle`): ``Tenant.max_trigger_rate`` messages a second, as a
 token bucket *per relay process* (so N relay processes publish at most N x the rate; one
@@ -20,7 +21,13 @@ given back, ``available_at`` is unchanged so the tenant's own order holds), coun
 empty bucket is left out of the next selections so it takes no batch space.
 
 **Running concurrency** (:func:`running_quota_full`): ``Tenant.max_running``, checked in the
-worker's claim transaction under a row lock on the tenant.
+worker's claim transaction under a row lock on the tenant; a claim beyond it is deferred
+like a full concurrency cap (back to the outbox, no Attempt) and counted in
+``tenant_throttled_total{tenant}``. For both quotas an empty value or 0 means no limit.
+
+Measured cost of the fair window (one 500-row batch, one storm tenant + one small tenant,
+this machine): PostgreSQL 7 ms at 5k due rows, 41 ms at 50k, 149 ms at 200k (plain
+time order: 2-3 ms); SQLite 13 ms at 5k, 106 ms at 50k.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from celery_scheduler.core.fairness import DueRow, fair_order, next_batch
 from celery_scheduler.publishers import RecordingPublisher
 from django_app import tenancy
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
-from django_app.relay import _due_rows, relay_due
+from django_app.relay import LookaheadRelay, _due_rows, relay_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 pytestmark = pytest.mark.django_db
@@ -176,3 +176,20 @@ def reference_rows_all() -> list[DueRow[int]]:
             "id", "tenant_id", "available_at", "priority"
         )
     ]
+
+
+def test_claim_ahead_takes_a_fair_batch_of_the_coming_window(settings: Any) -> None:
+    settings.CELERY_SCHEDULER = {"batch_size": 20}
+    a = Tenant.objects.create(slug="storm")
+    b = Tenant.objects.create(slug="strict")
+    seed(a, [NOW + timedelta(milliseconds=100 + i) for i in range(100)])
+    b_ids = seed(b, [NOW + timedelta(seconds=2)] * 5)
+    relay = LookaheadRelay(
+        clock=FrozenClock(NOW), publisher=RecordingPublisher(), lookahead=timedelta(seconds=3)
+    )
+
+    assert relay.poll().held == 20
+
+    held = set(OutboxEntry.objects.filter(claimed_by=relay.token).values_list("id", flat=True))
+    assert set(b_ids) <= held  # in time order B would wait behind all 100 of A's rows
+    relay.close()
