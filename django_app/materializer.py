@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
 from celery_scheduler.core.policies import PassPlan, plan_pass
+from celery_scheduler.core.reports import Summable
 from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
@@ -37,7 +38,7 @@ _INSERT_CHUNK = 40
 
 
 @dataclass(frozen=True, kw_only=True)
-class MaterializeReport:
+class MaterializeReport(Summable):
     """Counts from one :func:`materialize_due` call.
 
     ``occurrences_created``: firing occurrences (with an outbox row) this call committed.
@@ -61,11 +62,6 @@ class MaterializeReport:
     fenced: int = 0
     history_jumped: int = 0
     invalid: int = 0
-
-    def __add__(self, other: MaterializeReport) -> MaterializeReport:
-        return MaterializeReport(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
 
 
 class _Rollback(SchedulerError):

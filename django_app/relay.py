@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -42,6 +42,7 @@ from django.db.models.functions import Coalesce
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.dispatcher import Dispatcher
 from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.core.reports import Summable
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
 from django_app import conf, observe, tenancy
@@ -57,7 +58,7 @@ _PUBLISHABLE_VALUES = [s.value for s in PUBLISHABLE]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RelayReport:
+class RelayReport(Summable):
     """Counts from one relay call.
 
     ``claimed``: outbox rows taken into a publishing transaction. ``published``: messages
@@ -78,11 +79,6 @@ class RelayReport:
     held: int = 0
     released: int = 0
     throttled: int = 0
-
-    def __add__(self, other: RelayReport) -> RelayReport:
-        return RelayReport(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
 
 
 def _skip_locked() -> bool:
