@@ -14,26 +14,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .support import database_url, wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2
-
-
-def database_url() -> str:
-    from django.db import connection
-
-    params = connection.settings_dict
-    if connection.vendor != "postgresql":
-        raise RuntimeError("worker acceptance tests need PostgreSQL")
-    user = params.get("USER") or "postgres"
-    host = params.get("HOST") or "127.0.0.1"
-    port = params.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{params['NAME']}"
 
 
 class Worker:
@@ -150,16 +139,3 @@ def pumping(broker_url: str) -> Iterator[Pump]:
         yield pump
     finally:
         pump.stop()
-
-
-def wait_until(
-    condition: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = ""
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(interval)
