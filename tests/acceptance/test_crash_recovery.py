@@ -3,6 +3,10 @@
 Judge: the reconciler recomputes the expected occurrence set from the schedule versions
 and time rules alone; after recovery nothing may be ABSENT or still pending, every expected
 occurrence id is on the broker, and a duplicate on the broker is always the same id.
+
+Both data paths run: the defaults on PostgreSQL + Redis (set-based materializer, whose fault
+points are hit once per batch of schedules; burst relay, once per wave) and the pinned
+per-schedule materializer with the kombu lookahead relay (once per schedule / relay batch).
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ def _unsent(until: datetime) -> int:
     return OutboxEntry.objects.filter(sent_at__isnull=True, available_at__lt=until).count()
 
 
+#: Environment per data path: the defaults, and the per-schedule paths pinned.
+PATHS = {
+    "default": {},
+    "per-schedule": {"CELERY_SCHEDULER_BULK_MATERIALIZE": "0", "CELERY_SCHEDULER_BURST_RELAY": "0"},
+}
+RELAYS = {"default": "BurstRelay", "per-schedule": "LookaheadRelay"}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize(
     ("fault", "duplicates_expected"),
     [
@@ -60,12 +73,12 @@ def _unsent(until: datetime) -> int:
     ],
 )
 def test_sigkill_at_fault_point_then_restart_loses_nothing(
-    fault: str, duplicates_expected: bool, redis_url: str, tmp_path: Path
+    fault: str, duplicates_expected: bool, path: str, redis_url: str, tmp_path: Path
 ) -> None:
     start = datetime.now(UTC).replace(microsecond=0)
     schedule_ids = _create_schedules(start)
     # Short shard leases: the survivor takes the dead node's shards after this long.
-    env = support.process_env(redis_url, CELERY_SCHEDULER_LEASE_SECONDS="3")
+    env = support.process_env(redis_url, CELERY_SCHEDULER_LEASE_SECONDS="3", **PATHS[path])
     log = tmp_path / "beat.log"
 
     doomed = support.start_beat(env, log, fault=fault)
@@ -74,6 +87,7 @@ def test_sigkill_at_fault_point_then_restart_loses_nothing(
     finally:
         support.stop(doomed)
     assert code == -9, f"beat was not killed at {fault} (exit {code}):\n{support.tail(log)}"
+    assert f"relay {RELAYS[path]}," in log.read_text(), support.tail(log)
     killed_at = datetime.now(UTC)
 
     # The window judged: every one-off, and the intervals until a while after the restart.
