@@ -156,7 +156,7 @@ class BurstRelay:
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
                     {
                         "token": self.token,
-                        "lease": timedelta(seconds=conf.get().lease_seconds),
+                        "lease": conf.get().lease_seconds,
                         "now": now,
                         "until": until,
                         "limit": room,

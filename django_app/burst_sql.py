@@ -71,7 +71,7 @@ SHARDS = "AND shard = ANY(%(shards)s)"
 #: re-checks ``sent_at`` before publishing, so an expired claim moves who sends, not how often.
 CLAIM_SQL = """
 UPDATE django_app_outboxentry
-SET claimed_by = %(token)s, claim_expires_at = available_at + %(lease)s
+SET claimed_by = %(token)s, claim_expires_at = available_at + make_interval(secs => %(lease)s)
 WHERE id IN (
     SELECT id FROM django_app_outboxentry
     WHERE sent_at IS NULL AND available_at > %(now)s AND available_at <= %(until)s {shards}

@@ -32,9 +32,10 @@ from tests.integration.test_relay_publisher import read_queue
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = 2000
 BEATS = 3
-#: Seconds from creation to due time: room for the materializer to run ahead (its horizon
-#: normally gives a minute), so the lag measured is the relay's, not the burst set-up's.
-DUE_IN = 40
+#: Seconds from creation to due time: "due within the next seconds". The set-based
+#: materializer (the default on PostgreSQL) writes the 2,000 rows in well under a second, and
+#: the burst relay claims and prepares them before they are due.
+DUE_IN = 8
 
 pytestmark = [
     pytest.mark.postgres,
@@ -169,9 +170,9 @@ def test_three_beats_deliver_every_occurrence_once_with_its_id(
         f"max={lag[2]:.3f}s; {late} materialized after their time; relay lag "
         f"p50={relay_lag[0]:.3f}s p99={relay_lag[1]:.3f}s max={relay_lag[2]:.3f}s"
     )
-    # The end-to-end lag also holds the burst's materialization (one commit per schedule,
-    # which this shared machine's disk makes slow), so the SLO is asserted on the relay.
     assert relay_lag[1] < 5.0, f"relay p99 {relay_lag[1]:.3f}s exceeds the 5 s SLO"
+    # With the set-based materializer the end-to-end lag (materialization included) holds too.
+    assert lag[1] < 5.0, f"schedule p99 {lag[1]:.3f}s exceeds the 5 s SLO"
 
 
 def percentiles(values: list[float]) -> tuple[float, float, float]:
