@@ -57,8 +57,10 @@ class SchedulerSettings:
     burst_relay: bool | int | str = "auto"
     burst_lookahead_seconds: int = 30
     burst_hold_seconds: int = 1
-    #: Rows per burst wave (one transaction); more wait for the next wave.
-    burst_max_rows: int = 250_000
+    #: Rows one burst relay holds prepared at most (more wait for a later claim, or go
+    #: through the general relay once due). A held row costs about its message's size
+    #: (~2 KB for a small task: ~1 GB at this bound), so this bounds the beat's memory.
+    burst_max_rows: int = 500_000
 
 
 _FIELDS = SchedulerSettings.__dataclass_fields__

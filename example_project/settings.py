@@ -96,6 +96,7 @@ CELERY_SCHEDULER = {
         ("bulk_materialize", os.environ.get("CELERY_SCHEDULER_BULK_MATERIALIZE")),
         ("burst_relay", os.environ.get("CELERY_SCHEDULER_BURST_RELAY")),
         ("burst_lookahead_seconds", os.environ.get("CELERY_SCHEDULER_BURST_LOOKAHEAD")),
+        ("burst_max_rows", os.environ.get("CELERY_SCHEDULER_BURST_MAX_ROWS")),
     )
     if value
 }
