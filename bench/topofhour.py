@@ -153,6 +153,19 @@ def db_lag(system: str) -> dict[str, Any] | None:
     }
 
 
+def wait_for_marks(system: str, arrived: int, *, deadline: float) -> None:
+    if not system.startswith("ours"):
+        return
+    with psycopg.connect(f"{PG}/{SYSTEMS[system]['db']}", autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM django_app_occurrence WHERE enqueued_at IS NOT NULL"
+            ).fetchone()
+            if row is not None and row[0] >= arrived:
+                return
+            time.sleep(0.2)
+
+
 def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir: Path) -> dict:
     spec = SYSTEMS[system]
     print(f"\n== {system}: N={n} K={k} (lead {lead:.0f}s, timeout {timeout:.0f}s)", flush=True)
@@ -205,11 +218,15 @@ def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir:
         log.close()
     started = time.time()
     drain.wait()
+    data = json.loads(out.read_text())
+    # The broker has every message; our beats mark them sent right after (same wave
+    # transaction). Stopping a beat before that commit rolls the marks back (and re-sends
+    # on restart, at-least-once), so wait for the marks before stopping it.
+    wait_for_marks(system, len(data["arrivals"]), deadline=time.monotonic() + 60)
     rss = [peak_rss_mb(b.pid) for b in beats]
     alive = [b.poll() is None for b in beats]
     for beat in beats:
         stop(beat)
-    data = json.loads(out.read_text())
     arrivals = sorted(data["arrivals"].values())
     lags = [a - t_epoch for a in arrivals]
     span = (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0

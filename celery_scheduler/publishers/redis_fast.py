@@ -349,6 +349,11 @@ class RedisFastPublisher:
             key = self._keys[(queue, priority)] = f"{self._keyprefix}{name}"
         return key
 
+    def declare(self, prepared: Sequence[PreparedMessage]) -> None:
+        """Declare the queues of ``prepared`` now (a relay holding them calls this ahead of
+        their time, so the first push at the instant pays no kombu connection)."""
+        self._declare([p for p in prepared if p.key is not None])
+
     def _declare(self, fast: Sequence[PreparedMessage]) -> None:
         """Declare each queue once, with kombu itself, as ``send_task`` would."""
         needed = {p.queue for p in fast} - self._declared
