@@ -16,6 +16,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--lead", type=float, default=600.0, help="seconds to T")
+    parser.add_argument("--fire", action="store_true", help="then lock, publish, mark")
     args = parser.parse_args()
     import psycopg
 
@@ -82,6 +84,31 @@ def main() -> None:
         f"held {held} rows: RSS {before:.0f} MB -> {after:.0f} MB "
         f"({per_row:.0f} bytes/row), peak {peak:.0f} MB; stages {relay.stats.rates()}"
     )
+    if args.fire:
+        # Fire the held wave at once (a frozen clock at its instant: no waiting) to time
+        # the lock / publish / mark stages on a fresh table; the messages go to Redis db 12.
+        import redis
+
+        from celery_scheduler.core.clock import FrozenClock
+
+        from django.db import connection
+
+        slow: list[tuple[float, str]] = []
+
+        def timed(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                slow.append((time.perf_counter() - started, " ".join(sql.split())[:90]))
+
+        relay.clock = FrozenClock(at)
+        with connection.execute_wrapper(timed):
+            fired = relay.publish_held()
+        for seconds, sql in sorted(slow, reverse=True)[:6]:
+            print(f"  {seconds:7.3f}s  {sql}")
+        print(f"fired: {fired}; stages {relay.stats.rates()}")
+        redis.Redis.from_url(BROKER).flushdb()
     print(f"released {relay.close()} claim(s)")
 
 

@@ -204,7 +204,7 @@ def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir:
                     "-S",
                     spec["scheduler"],
                     "--loglevel",
-                    "WARNING",
+                    "INFO" if system.startswith("ours") else "WARNING",
                     "--pidfile=",
                     "-s",
                     str(logdir / f"{system}-beat{i}.schedule"),

@@ -264,6 +264,7 @@ class BurstRelay:
 
     def _fire_locked(self, wave: Wave) -> tuple[RelayReport, list[int]]:
         started = time.perf_counter()
+        opened = self.clock.now()
         lost = self._fence({r.shard for r in wave.rows})
         rows = [r for r in wave.rows if r.shard not in lost]
         release = [r.outbox_id for r in wave.rows if r.shard in lost]
@@ -294,10 +295,12 @@ class BurstRelay:
         now = self.clock.now()
         invalidated = self._drop(drop, stale, now)
         self.stats.add("lock", len(wave.rows), started)
+        locked_at = self.clock.now()
         accepted = self._publish_at_times(send)
         fault_point("relay.after_publish")
         fault_point("relay.before_mark")
         marked = self._mark(accepted)
+        self._log_wave(wave, opened=opened, locked=locked_at, accepted=accepted)
         return RelayReport(
             claimed=len(wave.rows),
             published=len(send),
@@ -307,13 +310,35 @@ class BurstRelay:
             locked=len(release) - fenced,
         ), release
 
+    def _log_wave(
+        self,
+        wave: Wave,
+        *,
+        opened: datetime,
+        locked: datetime,
+        accepted: list[tuple[list[HeldRow], datetime]],
+    ) -> None:
+        """One line per wave; a warning when its first row reached the broker late (the
+        hold opened too late for the lock, or the loop was busy past the hold time)."""
+        if not accepted:
+            return
+        late = (accepted[0][1] - wave.start).total_seconds()
+        logger.log(
+            logging.WARNING if late > 1.0 else logging.INFO,
+            "burst relay %s: wave of %d row(s) due %s: opened %.2fs before, locked in %.2fs, "
+            "first accepted %.3fs after due, last %.3fs after; stages %s",
+            self.token, len(wave.rows), wave.start.isoformat(),
+            (wave.start - opened).total_seconds(), (locked - opened).total_seconds(),
+            late, (accepted[-1][1] - wave.start).total_seconds(), self.stats.rates(),
+        )  # fmt: skip
+
     def _fence(self, shards: set[int]) -> set[int]:
         if self.shard_fencing is None or not shards:
             return set()
         with connection.cursor() as cur:
             cur.execute(
-                "SELECT shard, fencing_token FROM django_app_shardlease WHERE shard = ANY(%s) "
-                "ORDER BY shard FOR UPDATE",
+                "SELECT shard, fencing_token FROM django_app_shardlease "
+                "WHERE shard = ANY(%s::int[]) ORDER BY shard FOR UPDATE",
                 [sorted(shards)],
             )
             current = dict(cur.fetchall())
@@ -325,7 +350,7 @@ class BurstRelay:
             with connection.cursor() as cur:
                 cur.execute(
                     "SELECT id, state, schedule_version, manual, schedule_id "
-                    "FROM django_app_occurrence WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                    "FROM django_app_occurrence WHERE id = ANY(%s::uuid[]) FOR UPDATE SKIP LOCKED",
                     [occurrence_ids[start : start + SQL_CHUNK]],
                 )
                 states.update((row[0], row[1:]) for row in cur.fetchall())
@@ -342,13 +367,14 @@ class BurstRelay:
         with connection.cursor() as cur:
             for start in range(0, len(schedule_ids), SQL_CHUNK):
                 cur.execute(
-                    "SELECT id, version FROM django_app_schedule WHERE id = ANY(%s)",
+                    "SELECT id, version FROM django_app_schedule WHERE id = ANY(%s::uuid[])",
                     [schedule_ids[start : start + SQL_CHUNK]],
                 )
                 versions.update(cur.fetchall())
             for start in range(0, len(outbox_ids), SQL_CHUNK):
                 cur.execute(
-                    "SELECT id FROM django_app_outboxentry WHERE id = ANY(%s) AND sent_at IS NULL",
+                    "SELECT id FROM django_app_outboxentry "
+                    "WHERE id = ANY(%s::bigint[]) AND sent_at IS NULL",
                     [outbox_ids[start : start + SQL_CHUNK]],
                 )
                 unsent.update(i for (i,) in cur.fetchall())
@@ -360,7 +386,7 @@ class BurstRelay:
             if stale:
                 cur.execute(
                     "UPDATE django_app_occurrence SET state = %s, finished_at = %s, reason = %s "
-                    "WHERE id = ANY(%s) AND state = ANY(%s)",
+                    "WHERE id = ANY(%s::uuid[]) AND state = ANY(%s::varchar[])",
                     [
                         OccurrenceState.CANCELED.value,
                         now,
@@ -373,7 +399,7 @@ class BurstRelay:
             if drop:
                 cur.execute(
                     "UPDATE django_app_outboxentry SET sent_at = %s, claimed_by = 'dropped', "
-                    "claim_expires_at = NULL WHERE id = ANY(%s) AND sent_at IS NULL",
+                    "claim_expires_at = NULL WHERE id = ANY(%s::bigint[]) AND sent_at IS NULL",
                     [now, drop],
                 )
         return invalidated
@@ -431,7 +457,7 @@ class BurstRelay:
             with connection.cursor() as cur:
                 cur.execute(
                     "UPDATE django_app_outboxentry SET claimed_by = '', claim_expires_at = NULL "
-                    "WHERE id = ANY(%s) AND claimed_by = %s AND sent_at IS NULL",
+                    "WHERE id = ANY(%s::bigint[]) AND claimed_by = %s AND sent_at IS NULL",
                     [ids[start : start + SQL_CHUNK], self.token],
                 )
                 released += cur.rowcount
