@@ -19,6 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -88,14 +89,13 @@ def main() -> None:
         # Fire the held wave at once (a frozen clock at its instant: no waiting) to time
         # the lock / publish / mark stages on a fresh table; the messages go to Redis db 12.
         import redis
+        from django.db import connection
 
         from celery_scheduler.core.clock import FrozenClock
 
-        from django.db import connection
-
         slow: list[tuple[float, str]] = []
 
-        def timed(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        def timed(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             started = time.perf_counter()
             try:
                 return execute(sql, params, many, context)
