@@ -243,10 +243,16 @@ class BurstRelay:
             waves[-1].rows.append(row)
 
     def _hold_at(self, wave: Wave) -> datetime:
-        # Open the wave's transaction early enough to lock all its rows before it is due:
-        # at the lock rate measured so far (or the assumed one), with 50 % to spare.
-        locked, spent = self.stats.rows.get("lock", 0), self.stats.seconds.get("lock", 0.0)
-        rate = locked / spent if locked >= 1_000 and spent > 0 else LOCK_ROWS_PER_SECOND
+        # Open the wave's transaction early enough to lock all its rows before it is due,
+        # with 50 % to spare, at the lock rate measured so far; before any lock, at the
+        # claim rate (an UPDATE of as many rows: the same order of cost on this database),
+        # else the assumed one. Opening far too early costs: the beat loop (materializing
+        # the rest of the burst) waits inside the wave until its instant.
+        rate = float(LOCK_ROWS_PER_SECOND)
+        for stage in ("claim", "lock"):
+            rows, spent = self.stats.rows.get(stage, 0), self.stats.seconds.get(stage, 0.0)
+            if rows >= 1_000 and spent > 0:
+                rate = rows / spent
         return wave.start - self.hold - timedelta(seconds=1.5 * len(wave.rows) / rate)
 
     # -- 3-5: hold, publish at the instant, mark, commit -------------------------------------
