@@ -121,13 +121,14 @@ def update_schedule(
             raise errors.InvalidStateTransition(
                 f"schedule {schedule.id} is {schedule.state}; it cannot be updated"
             )
-        current = validation.spec_to_input(_spec_of(schedule))
+        old_spec = _spec_of(schedule)
+        current = validation.spec_to_input(old_spec)
         timing = {"cron", "interval", "run_at"} & set(changes)
         if timing:  # a new trigger replaces the old one instead of adding to it
             current.update(cron=None, interval=None, run_at=None)
         merged = {**current, **changes}
         spec = validation.validate(now=now, **merged)
-        trigger_changed = _timing_of(spec) != _timing_of(_spec_of(schedule))
+        trigger_changed = _timing_of(spec) != _timing_of(old_spec)
         for name, value in spec.model_fields().items():
             setattr(schedule, name, value)
         if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
@@ -354,11 +355,6 @@ def _spec_of(schedule: Schedule) -> validation.ScheduleSpec:
         start_at=schedule.start_at,
         end_at=schedule.end_at,
     )
-
-
-def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
-    """The validated spec a stored schedule represents."""
-    return _spec_of(schedule)
 
 
 def _timing_of(spec: validation.ScheduleSpec) -> tuple[Any, ...]:
