@@ -101,7 +101,7 @@ def policy_for(target: Any, claim: worker.ClaimResult) -> retry.RetryPolicy:
     )
 
 
-def _finish(action: str, call: Any, occurrence_id: str) -> bool:
+def _finish(action: str, call: Any, occurrence_id: str, clock: Clock = SYSTEM_CLOCK) -> bool:
     """Run a fenced write, riding out a brief DB outage; False if it was rejected as stale."""
     for attempt in range(_FINISH_TRIES):
         try:
@@ -113,9 +113,14 @@ def _finish(action: str, call: Any, occurrence_id: str) -> bool:
             if attempt == _FINISH_TRIES - 1:
                 # The lease will expire and the reaper will re-run it; the idempotency
                 # record (if any) makes that re-run return the stored result.
-                logger.exception("could not record %s of %s", action, occurrence_id)
+                logger.exception(
+                    "could not record %s of occurrence %s",
+                    action,
+                    occurrence_id,
+                    extra={"event": "outcome_write_failed", "occurrence_id": occurrence_id},
+                )
                 return False
-            SYSTEM_CLOCK.sleep(2**attempt)
+            clock.sleep(2**attempt)
     return False
 
 
@@ -140,7 +145,12 @@ def execute(
     target = app.tasks.get(task)
     if target is None:
         error = f"UnknownTask: no task {task!r} is registered in this worker"
-        _finish("failure", lambda: worker.fail(occurrence_id, token, error, clock=clock), task)
+        _finish(
+            "failure",
+            lambda: worker.fail(occurrence_id, token, error, clock=clock),
+            occurrence_id,
+            clock,
+        )
         return {"outcome": "DEAD", "reason": error}
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
@@ -166,6 +176,7 @@ def execute(
             "failure",
             lambda: worker.fail(occurrence_id, token, error, retry_at=retry_at, clock=clock),
             occurrence_id,
+            clock,
         )
         outcome = ("RETRY_WAIT" if retry_at else "DEAD") if ok else "STALE_WRITE"
         return {"outcome": outcome, "reason": decision.reason, "token": token}
@@ -174,7 +185,10 @@ def execute(
     fault_point("worker.after_effect")
     result = _jsonable(value)
     ok = _finish(
-        "completion", lambda: worker.complete(occurrence_id, token, result, clock=clock), task
+        "completion",
+        lambda: worker.complete(occurrence_id, token, result, clock=clock),
+        occurrence_id,
+        clock,
     )
     return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
 

@@ -135,3 +135,29 @@ def test_database_down_at_claim_is_coordination_unavailable(
     with pytest.raises(errors.CoordinationUnavailable, match="database unavailable"):
         run(occ, frozen_clock)
     assert Occurrence.objects.get(pk=occ.pk).state == S.ENQUEUED
+
+
+@pytest.mark.parametrize("task", ["t.ok", "t.unknown"])
+def test_a_lost_outcome_write_is_logged_with_the_occurrence_id(
+    tenant: Any,
+    frozen_clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    task: str,
+) -> None:
+    from django.db import OperationalError
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    occ = make_occurrence(make_schedule(tenant, task=task, args=[1]), frozen_clock.now())
+    monkeypatch.setattr(worker, "complete", down)
+    monkeypatch.setattr(worker, "fail", down)
+    with caplog.at_level("ERROR", logger="celery_scheduler.worker"):
+        outcome = run(occ, frozen_clock)
+    assert outcome["outcome"] in {"STALE_WRITE", "DEAD"}
+    lost = [r for r in caplog.records if r.getMessage().startswith("could not record")]
+    assert len(lost) == 1, caplog.text
+    assert str(occ.id) in lost[0].getMessage()
+    assert task not in lost[0].getMessage()
+    assert getattr(lost[0], "occurrence_id", None) == str(occ.id)
