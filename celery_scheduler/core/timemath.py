@@ -108,10 +108,21 @@ def parse_timezone(name: str) -> ZoneInfo:
 # --- cron parsing ---------------------------------------------------------------------------
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also accepts "²" (int() fails) and "٣" (read as 3)."""
+    return text.isascii() and text.isdigit()
+
+
+def _number(text: str) -> int:
+    # Past four digits every field is out of range anyway; capping keeps int() away from
+    # Python's 4300-digit conversion limit (a ValueError) and from huge range() steps.
+    return int(text) if len(text) <= 4 else 10_000
+
+
 def _parse_value(text: str, index: int, fieldtext: str) -> int:
     name, low, high, names = _FIELDS[index]
-    if text.isdigit():
-        value = int(text)
+    if _is_number(text):
+        value = _number(text)
     elif text.lower() in names:
         value = names.index(text.lower()) + (1 if index == 3 else 0)
     else:
@@ -133,11 +144,11 @@ def _parse_field(text: str, index: int) -> frozenset[int]:
         base, slash, step_text = item.partition("/")
         step = 1
         if slash:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not _is_number(step_text) or _number(step_text) == 0:
                 raise errors.InvalidCronExpression(
                     f"Invalid {name} field {text!r}: step {step_text!r} must be a positive integer."
                 )
-            step = int(step_text)
+            step = _number(step_text)
         # The implicit end of the week is Saturday (6): "1/2" is Mon, Wed, Fri, not also Sunday.
         implicit_high = 6 if index == 4 else high
         if base == "*":
