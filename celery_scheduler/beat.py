@@ -295,13 +295,15 @@ class DatabaseScheduler(beat.Scheduler):
     def _failed(self, exc: Exception) -> float:
         self._next_poll = 0.0  # the interrupted poll is retried after the back-off
         self._backoff = min(max(self._backoff * 2, BACKOFF_START), float(self.max_interval))
-        kind = "broker" if isinstance(exc, errors.CoordinationUnavailable) else "database"
+        broker = isinstance(exc, errors.CoordinationUnavailable) and not isinstance(
+            exc, errors.DatabaseUnavailable
+        )
         logger.error(
             "beat %s: %s unavailable (%s: %s); retrying in %.1fs",
-            self.node, kind, type(exc).__name__, exc, self._backoff,
-            exc_info=not _is_coordination_error(exc),
+            self.node, "broker" if broker else "database", type(exc).__name__, exc,
+            self._backoff, exc_info=not _is_coordination_error(exc),
         )  # fmt: skip
-        if not isinstance(exc, errors.CoordinationUnavailable):
+        if not broker:
             self._close_db()
         return self._backoff
 

@@ -91,6 +91,10 @@ class CoordinationUnavailable(SchedulerError):
     """The database or broker needed for coordination cannot be reached; wait, do not run."""
 
 
+class DatabaseUnavailable(CoordinationUnavailable):
+    """The database (not the broker) cannot be reached, e.g. by the shard leaser."""
+
+
 class NotJSONSerializable(SchedulerError, TypeError):
     """An idempotent task result (or args) could not be stored as JSON."""
 

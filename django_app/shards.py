@@ -30,7 +30,7 @@ from django.db.models import F, Q
 
 from celery_scheduler.core import balance
 from celery_scheduler.core.clock import Clock
-from celery_scheduler.errors import CoordinationUnavailable, LeaseLost, SchedulerError
+from celery_scheduler.errors import DatabaseUnavailable, LeaseLost, SchedulerError
 from django_app import conf
 from django_app.models import BeatNode, ShardLease
 
@@ -112,9 +112,9 @@ class ShardLeaser:
     def refresh(self) -> dict[int, int]:
         """Heartbeat, renew, release surplus, acquire up to the fair share; return the holdings.
 
-        Raises :class:`CoordinationUnavailable` if the database cannot be reached; the node
-        then holds nothing (it must wait, not run without ownership) and the next successful
-        refresh reacquires its shards with new tokens.
+        Raises :class:`DatabaseUnavailable` (a CoordinationUnavailable) if the database
+        cannot be reached; the node then holds nothing (it must wait, not run without
+        ownership) and the next successful refresh reacquires its shards with new tokens.
         """
         try:
             return self._refresh()
@@ -124,7 +124,7 @@ class ShardLeaser:
             if not connection.in_atomic_block:
                 # A broken connection would fail every later refresh; reconnect next time.
                 connection.close_if_unusable_or_obsolete()
-            raise CoordinationUnavailable(
+            raise DatabaseUnavailable(
                 f"node {self.node!r}: cannot reach the database to lease shards ({exc}); "
                 "holding no shards until it answers"
             ) from exc
@@ -149,7 +149,7 @@ class ShardLeaser:
                 released = sum(self._release_one(s, t) for s, t in sorted(held.items()))
                 BeatNode.objects.filter(name=self.node).delete()
         except DatabaseError as exc:
-            raise CoordinationUnavailable(
+            raise DatabaseUnavailable(
                 f"node {self.node!r}: could not release shards ({exc}); they expire on their own"
             ) from exc
         return released
