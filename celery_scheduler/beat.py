@@ -48,6 +48,8 @@ DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_LOOKAHEAD = timedelta(seconds=3)
 #: First back-off after an error; doubles up to max_interval.
 BACKOFF_START = 0.5
+#: Seconds between checks for rows stored in shards >= shard_count while running.
+STRAND_CHECK_INTERVAL = 60.0
 
 
 def ensure_django() -> None:
@@ -91,6 +93,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._relay: LookaheadRelay | None = None
         self._leaser: ShardLeaser | None = None
         self._next_lease_refresh = 0.0
+        self._next_strand_check = 0.0
         self._synced = False
         self._next_poll = 0.0
         self._last_relay_poll = 0.0
@@ -109,6 +112,8 @@ class DatabaseScheduler(beat.Scheduler):
         """One step of the loop (module docstring); returns seconds to sleep."""
         try:
             self._step()
+        except errors.ShardCountMismatch:
+            raise  # a configuration error: refuse to run rather than strand schedules
         except Exception as exc:
             return self._failed(exc)
         self._backoff = 0.0
@@ -267,9 +272,15 @@ class DatabaseScheduler(beat.Scheduler):
         if not self.use_shard_leases:
             return None
         if self._leaser is None:
+            from django_app import reshard
             from django_app.shards import ShardLeaser
 
-            self._leaser = ShardLeaser(self.node, clock=self.clock)
+            leaser = ShardLeaser(self.node, clock=self.clock)
+            reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
+            self._leaser = leaser
+            self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
+        elif self.clock.monotonic() >= self._next_strand_check:
+            self._warn_stranded(self._leaser.shard_count)
         if self.clock.monotonic() >= self._next_lease_refresh:
             before = set(self._leaser.held)
             after = set(self._leaser.refresh())
@@ -278,6 +289,17 @@ class DatabaseScheduler(beat.Scheduler):
             interval = min(self.poll_interval, self._leaser.refresh_interval)
             self._next_lease_refresh = self.clock.monotonic() + interval
         return self._leaser.held
+
+    def _warn_stranded(self, shard_count: int) -> None:
+        """Rows stranded while running (another process with a larger ``shard_count`` created
+        them): say so loudly, but keep serving the shards in range."""
+        from django_app import reshard
+
+        self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
+        try:
+            reshard.check(shard_count)
+        except errors.ShardCountMismatch as exc:
+            logger.error("beat %s: %s", self.node, exc)
 
     def _horizon_seconds(self) -> int:
         from django_app import conf

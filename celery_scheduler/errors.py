@@ -87,6 +87,13 @@ class LeaseLost(StaleWrite):
     """The caller's lease (shard, occurrence or concurrency slot) expired or was taken over."""
 
 
+class ShardCountMismatch(SchedulerError):
+    """Rows are stored in shards at or above ``shard_count``: no beat would ever lease them.
+
+    Raised when beat starts (it refuses to run); ``manage.py reshard`` moves them into range.
+    """
+
+
 class CoordinationUnavailable(SchedulerError):
     """The database or broker needed for coordination cannot be reached; wait, do not run."""
 
