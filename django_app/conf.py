@@ -12,7 +12,8 @@ from django.conf import settings
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
-    #: Logical shards; fixed per deployment (schedules store their shard). Keep it well above
+    #: Logical shards (schedules store their shard: after lowering it, run `manage.py reshard`;
+    #: beat refuses to start until then). Keep it well above
     #: the number of beat nodes so shards can be balanced.
     shard_count: int = 64
     #: How far ahead the materializer creates occurrences (seconds).
