@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Task, shared_task
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, connection
 
 from celery_scheduler import errors
 from celery_scheduler.core import retry
@@ -30,6 +30,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
 from celery_scheduler.tasks import occurrence_context
 from django_app import conf, worker
+from django_app.connections import reset_after_error
 from django_app.idempotency import as_json
 
 logger = logging.getLogger("celery_scheduler.worker")
@@ -60,8 +61,15 @@ class Heartbeat(threading.Thread):
                     renewed = worker.renew(
                         self.occurrence_id, self.token, clock=self.clock, lease=self.lease
                     )
-                except DatabaseError:
-                    logger.warning("heartbeat of %s failed; retrying", self.occurrence_id)
+                except (DatabaseError, InterfaceError):
+                    # Reconnect for the next renewal: a killed connection is never retried.
+                    reset_after_error()
+                    logger.warning(
+                        "heartbeat of %s failed; retrying on a new connection",
+                        self.occurrence_id,
+                        exc_info=True,
+                        extra={"event": "heartbeat_failed", "occurrence_id": self.occurrence_id},
+                    )
                     continue
                 if not renewed:
                     self.lost = True
@@ -102,14 +110,20 @@ def policy_for(target: Any, claim: worker.ClaimResult) -> retry.RetryPolicy:
 
 
 def _finish(action: str, call: Any, occurrence_id: str, clock: Clock = SYSTEM_CLOCK) -> bool:
-    """Run a fenced write, riding out a brief DB outage; False if it was rejected as stale."""
+    """Run a fenced write, riding out a brief DB outage; False if it was rejected as stale.
+
+    Each retry runs on a new connection: the one that failed may be dead (a killed backend,
+    a failover), and reusing it would fail every retry and leave the occurrence RUNNING
+    until its lease expires and the reaper runs it again.
+    """
     for attempt in range(_FINISH_TRIES):
         try:
             call()
             return True
         except errors.StaleWrite:
             return False  # logged and counted by the store
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
+            reset_after_error()
             if attempt == _FINISH_TRIES - 1:
                 # The lease will expire and the reaper will re-run it; the idempotency
                 # record (if any) makes that re-run return the stored result.

@@ -34,6 +34,7 @@ from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleS
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL, sources_of
 from django_app import tenancy
+from django_app.connections import reset_after_error
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.worker_finish import (
     complete,
@@ -115,6 +116,7 @@ def claim(
     try:
         return _claim(uuid.UUID(str(occurrence_id)), worker, clock or SYSTEM_CLOCK, lease, defer)
     except (OperationalError, InterfaceError) as exc:
+        reset_after_error()  # the caller's retry must not reuse a dead connection
         raise errors.CoordinationUnavailable(
             f"cannot claim occurrence {occurrence_id}: database unavailable ({exc})"
         ) from exc

@@ -13,3 +13,39 @@ def sleepy(seconds: float) -> dict[str, int]:
     """A long body: it sleeps past its next trigger (overlap) or its lease (when stopped)."""
     time.sleep(seconds)
     return {"pid": os.getpid()}
+
+
+@shared_task(name="acceptance.effect")
+def effect(seconds: float = 0.0, read: str = "") -> dict[str, int]:
+    """An external (never rolled back) effect: one line per run in ``ACCEPTANCE_EFFECT_FILE``.
+
+    Before its long part it records which PostgreSQL backend its own (main thread) Django
+    connection is, in ``ACCEPTANCE_BACKEND_FILE``, so a test can kill exactly that one (the
+    outcome write's) or the others (the heartbeat's) from outside. ``read`` makes the body
+    use its connection after the long part, in autocommit as ordinary task code does:
+    ``"before"`` reads before the effect (a dead connection fails the body), ``"guarded"``
+    after it, tolerating a database error (a best-effort lookup).
+    """
+    from django.db import DatabaseError, connection
+
+    from celery_scheduler.tasks import current_occurrence_id
+    from django_app.models import Occurrence
+
+    occurrence_id = current_occurrence_id()
+    backend_file = os.environ.get("ACCEPTANCE_BACKEND_FILE")
+    if backend_file:
+        connection.ensure_connection()
+        info = connection.connection.info  # psycopg 3
+        with open(backend_file, "a") as fh:
+            fh.write(f"{info.backend_pid}\n")
+    time.sleep(seconds)
+    if read == "before":
+        Occurrence.objects.filter(pk=occurrence_id).exists()
+    with open(os.environ["ACCEPTANCE_EFFECT_FILE"], "a") as fh:
+        fh.write(f"{occurrence_id} {os.getpid()}\n")
+    if read == "guarded":
+        try:
+            Occurrence.objects.filter(pk=occurrence_id).exists()
+        except DatabaseError:
+            pass
+    return {"pid": os.getpid()}
