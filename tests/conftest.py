@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,15 +50,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_pg)
 
 
-@pytest.fixture
-def redis_url() -> str:
-    require_service("Redis", "127.0.0.1", 6379)
+#: Written into the test Redis db after each flush: a db without it that holds keys is not
+#: ours, and the suite refuses to flush it rather than wipe someone's data.
+REDIS_OWNER_KEY = "celery-scheduler:test-suite-owns-this-db"
+
+
+def claim_test_redis_db() -> None:
+    """Flush the test Redis db (``TEST_REDIS_URL``), but only if it is empty or ours."""
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    client.close()
-    return REDIS_URL
+    try:
+        keys = client.dbsize()
+        if keys and not client.exists(REDIS_OWNER_KEY):
+            pytest.fail(
+                f"{REDIS_URL} holds {keys} keys that this test suite did not write; "
+                "point TEST_REDIS_URL at an empty Redis db (or flush this one yourself)"
+            )
+        client.flushdb()
+        client.set(REDIS_OWNER_KEY, "1")
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    require_service("Redis", "127.0.0.1", 6379)
+    claim_test_redis_db()
+    yield REDIS_URL
+    claim_test_redis_db()  # no stale messages left behind for the next test or user
 
 
 @pytest.fixture
