@@ -128,12 +128,21 @@ class RecordingPublisher:
             return [m.task_id for m in self.sent]
 
 
+REDIS_SCHEMES = ("redis://", "rediss://")
+
+
 def celery_publisher(app: Any) -> Publisher:
     """The default publisher for a Celery app (imported lazily: kombu is heavy).
 
     On a Redis broker the pipelined fast path (same bytes as kombu, one round trip per
-    batch); elsewhere ``app.send_task`` through kombu.
+    batch); elsewhere ``app.send_task`` through kombu. redis-py comes with the ``redis``
+    extra, so it is imported only for a Redis broker.
     """
-    from celery_scheduler.publishers.redis_fast import publisher_for
+    url = app.conf.broker_write_url or app.conf.broker_url
+    if isinstance(url, str) and url.startswith(REDIS_SCHEMES):
+        from celery_scheduler.publishers.redis_fast import publisher_for
 
-    return publisher_for(app)
+        return publisher_for(app)
+    from celery_scheduler.publishers.celery import CeleryPublisher
+
+    return CeleryPublisher(app)

@@ -36,7 +36,12 @@ from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import JSONEncoder
 
 from celery_scheduler import errors
-from celery_scheduler.publishers import RUN_OCCURRENCE_TASK, OccurrenceMessage, Publisher
+from celery_scheduler.publishers import (
+    REDIS_SCHEMES,
+    RUN_OCCURRENCE_TASK,
+    OccurrenceMessage,
+    Publisher,
+)
 from celery_scheduler.publishers.celery import CeleryPublisher
 
 logger = logging.getLogger(__name__)
@@ -44,7 +49,7 @@ logger = logging.getLogger(__name__)
 #: kombu.transport.redis defaults (Channel.sep, PRIORITY_STEPS).
 KOMBU_REDIS_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
-FAST_SCHEMES = ("redis://", "rediss://")
+FAST_SCHEMES = REDIS_SCHEMES
 
 #: Exec options of the wrapper task that change the wire format in ways we do not rebuild.
 _UNSUPPORTED_TASK_OPTIONS = ("expires", "compression", "exchange", "routing_key")
