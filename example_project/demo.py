@@ -136,13 +136,13 @@ def _fmt_lag(value: float | None) -> str:
     return "      -" if value is None else f"{value:6.2f}s"
 
 
-def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path) -> dict[str, int]:
+def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path) -> bool:
+    """Print each occurrence as it moves; False if beat or the worker died."""
     from django.db import connection
 
     from django_app.models import Occurrence
 
     seen: dict[Any, str] = {}
-    counts: dict[str, int] = {}
     deadline = time.monotonic() + seconds
     print(
         f"\n{'scheduled for (UTC)':<15} {'schedule':<36} {'state':<10} {'lag':>7}  "
@@ -152,7 +152,7 @@ def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path)
         for proc, name in zip(procs, ("beat", "worker"), strict=True):
             if proc.poll() is not None:
                 print(f"\n{name} exited with {proc.returncode}; see {data_dir / (name + '.log')}")
-                return counts
+                return False
         rows = Occurrence.objects.select_related("schedule").order_by("scheduled_for")
         for o in rows:
             if seen.get(o.id) == o.state:
@@ -160,7 +160,6 @@ def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path)
             seen[o.id] = o.state
             if o.state == "SCHEDULED":
                 continue  # materialized ahead; shown once it moves
-            counts[o.state] = counts.get(o.state, 0) + 1
             jitter = (o.available_at - o.scheduled_for).total_seconds()
             print(
                 f"{o.scheduled_for:%H:%M:%S.%f}"[:-3].ljust(15),
@@ -169,7 +168,48 @@ def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path)
             )
         connection.close()  # SQLite: do not hold a read snapshot across polls
         time.sleep(0.5)
-    return counts
+    return True
+
+
+#: A strict run is on time when it reached the broker within this many seconds.
+ON_TIME_SECONDS = 5.0
+
+
+def _summary(stopped_at: datetime, invoice_schedule: Any) -> bool:
+    """The final state of every occurrence that was due, in time order, and a verdict."""
+    from django_app.models import Occurrence
+    from example_project.billing.models import Invoice
+
+    due = list(
+        Occurrence.objects.select_related("schedule")
+        .filter(scheduled_for__lte=stopped_at, manual=False)
+        .order_by("scheduled_for", "schedule__name")
+    )
+    print(f"\nfinal state of the {len(due)} scheduled runs that were due, in time order:")
+    counts: dict[str, int] = {}
+    for o in due:
+        counts[o.state] = counts.get(o.state, 0) + 1
+        print(
+            f"  {o.scheduled_for:%H:%M:%S}  {o.schedule.name:<36} {o.state:<10} "
+            f"{_fmt_lag(o.lag_seconds)}"
+        )
+    # Runs due in the last seconds before the stop may still have been in flight.
+    settled = [o for o in due if o.scheduled_for <= stopped_at - timedelta(seconds=3)]
+    strict = [o for o in settled if o.schedule.name.startswith(("strict", "one-off"))]
+    late = [o for o in strict if o.lag_seconds is None or o.lag_seconds > ON_TIME_SECONDS]
+    failed = [o for o in strict if o.state != "SUCCEEDED"]
+    customer, period = invoice_schedule.args
+    invoices = Invoice.objects.filter(customer=customer, period=period).count()
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "nothing"
+    print(f"\nby final state: {summary}")
+    checks = {
+        f"strict and one-off runs fired ({len(strict)})": bool(strict) and not failed,
+        f"all of them on time (lag <= {ON_TIME_SECONDS:g} s; late: {len(late)})": not late,
+        f"exactly one invoice ({invoices})": invoices == 1,
+    }
+    for what, ok in checks.items():
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}")
+    return all(checks.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,16 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         api.run_now(invoice_schedule.id)
     print(f"\nbeat + worker started (logs in {data_dir}); running {args.seconds:g} s ...")
     try:
-        counts = _watch(args.seconds, procs, data_dir)
+        alive = _watch(args.seconds, procs, data_dir)
     except KeyboardInterrupt:
-        counts = {}
+        alive = False
     finally:
+        stopped_at = SYSTEM_CLOCK.now()
         print("\nstopping beat and worker ...")
         _stop(procs)
     _print_invoices(invoice_schedule)
-    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "nothing"
-    print(f"done: {summary}. Data kept in {data_dir}")
-    return 0 if counts else 1
+    ok = _summary(stopped_at, invoice_schedule) and alive
+    print(f"{'done' if ok else 'FAILED'}. Data kept in {data_dir}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
