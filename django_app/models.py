@@ -99,6 +99,9 @@ class Schedule(models.Model):
     #: future fire time exists or the schedule is not active.
     next_run_at = models.DateTimeField(null=True, blank=True)
     shard = models.PositiveIntegerField(default=0)
+    #: Why the materializer parked this schedule (state PARKED) and when; cleared on un-park.
+    parked_reason = models.CharField(max_length=500, blank=True, default="")
+    parked_at = models.DateTimeField(null=True, blank=True)
 
     misfire_policy = models.CharField(
         max_length=16, choices=_choices(MisfirePolicy), default=MisfirePolicy.SKIP.value
@@ -351,8 +354,13 @@ class BeatNode(models.Model):
 
 
 class ConcurrencySlot(models.Model):
-    """One of C slots of a concurrency key (a schedule or a named group)."""
+    """One of C slots of a concurrency key (a schedule or a named group) of one tenant.
 
+    Group names are chosen by tenants, so the tenant is part of the key: two tenants that
+    both call their group ``reports`` have two groups.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=200)
     slot = models.PositiveIntegerField()
     owner = models.CharField(max_length=200, blank=True, default="")
@@ -362,22 +370,47 @@ class ConcurrencySlot(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["key", "slot"], name="concurrency_slot_uniq"),
+            models.UniqueConstraint(
+                fields=["tenant", "key", "slot"], name="concurrency_slot_tenant_uniq"
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.key}[{self.slot}] -> {self.owner or '-'}"
+        return f"{self.tenant_id}:{self.key}[{self.slot}] -> {self.owner or '-'}"
 
 
 class IdempotencyRecord(models.Model):
-    """The business key of an effect done by an ``@idempotent_task`` and its stored result."""
+    """The business key of an effect done by an ``@idempotent_task`` and its stored result.
 
-    key = models.CharField(max_length=255, unique=True)
+    Keys are namespaced by tenant and task name: the same key string in another tenant or
+    another task is another effect. ``tenant`` is NULL in the default namespace (a task run
+    outside the scheduler). Two partial unique indexes, because NULLs never collide in a
+    plain one on PostgreSQL.
+    """
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    key = models.CharField(max_length=255)
     task_name = models.CharField(max_length=200)
     occurrence_id = models.UUIDField(null=True, blank=True)
     task_id = models.CharField(max_length=255, blank=True, default="")
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "task_name", "key"],
+                condition=Q(tenant__isnull=False),
+                name="idempotency_tenant_task_key_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["task_name", "key"],
+                condition=Q(tenant__isnull=True),
+                name="idempotency_default_task_key_uniq",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.key

@@ -16,6 +16,9 @@ class ScheduleState(StrEnum):
     PAUSED = "PAUSED"
     CANCELED = "CANCELED"
     COMPLETED = "COMPLETED"
+    #: The stored timing cannot be planned (e.g. a zone the zone database dropped): the
+    #: materializer skips it until resume/update gives it a valid timing again.
+    PARKED = "PARKED"
 
 
 class MisfirePolicy(StrEnum):
