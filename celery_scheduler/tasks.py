@@ -12,6 +12,12 @@ for ``bind=True`` tasks). Without ``key=`` it is the occurrence id when the task
 scheduled occurrence, else the Celery task id (``.delay()``). Keys longer than 255
 characters are stored as ``sha256:<hex>``.
 
+Keys live in a namespace of (tenant, task name): the same key string in another tenant or
+in another task is another effect. The tenant is the occurrence's (set by the scheduler's
+wrapper task from the claimed occurrence, the tenant named in the ``scheduler_tenant``
+message header); a task run outside the scheduler (``.delay()``, a direct call) has no
+tenant and uses the default namespace (tenant NULL) of its task name.
+
 The first run, in ONE database transaction: insert ``IdempotencyRecord(key)`` under its
 unique constraint, run the body, store its JSON result, commit. A crash rolls back both the
 effect (database writes made by the body) and the record, so a retry runs the body again. A
@@ -46,6 +52,7 @@ R = TypeVar("R")
 
 _occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", default=None)
 _idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
+_tenant_id: ContextVar[int | None] = ContextVar("scheduler_tenant_id", default=None)
 
 MAX_KEY_LENGTH = 255
 
@@ -53,6 +60,11 @@ MAX_KEY_LENGTH = 255
 def current_occurrence_id() -> str | None:
     """The occurrence the current task body runs for (None outside a scheduled run)."""
     return _occurrence_id.get()
+
+
+def current_tenant_id() -> int | None:
+    """The tenant (``Tenant.pk``) of the occurrence being run (None outside a scheduled run)."""
+    return _tenant_id.get()
 
 
 def current_idempotency_key() -> str | None:
@@ -65,12 +77,18 @@ def current_idempotency_key() -> str | None:
 
 
 @contextmanager
-def occurrence_context(occurrence_id: str) -> Iterator[None]:
-    """Run the enclosed task body as occurrence ``occurrence_id`` (set by the wrapper task)."""
+def occurrence_context(occurrence_id: str, tenant_id: int | None = None) -> Iterator[None]:
+    """Run the enclosed body as occurrence ``occurrence_id`` of tenant ``tenant_id``.
+
+    Set by the wrapper task; ``tenant_id`` selects the idempotency namespace (None: the
+    default namespace).
+    """
     token = _occurrence_id.set(str(occurrence_id))
+    tenant_token = _tenant_id.set(tenant_id)
     try:
         yield
     finally:
+        _tenant_id.reset(tenant_token)
         _occurrence_id.reset(token)
 
 
@@ -155,6 +173,7 @@ def idempotent_task(
                 the_key,
                 task_name=task_name,
                 occurrence_id=current_occurrence_id(),
+                tenant_id=current_tenant_id(),
                 body=lambda: func(*args, **kwargs),
             )
             return result

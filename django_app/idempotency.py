@@ -1,6 +1,8 @@
 """The database side of ``@idempotent_task``: record the key and the effect in one transaction.
 
-The unique index on ``IdempotencyRecord.key`` is the arbiter. On PostgreSQL a second
+Records are namespaced by (tenant, task name, key): the same key string in another tenant
+or task is another effect, never a hit. The unique index on that triple (on (task name,
+key) for the default namespace, tenant NULL) is the arbiter. On PostgreSQL a second
 inserter of an uncommitted key blocks on the index until the first transaction ends: if it
 committed, the insert fails and we read its stored result; if it rolled back (crash, error),
 the insert succeeds and this run does the work. SQLite serialises writers (IMMEDIATE
@@ -37,32 +39,40 @@ def as_json(value: Any, task_name: str) -> Any:
 
 
 def run_once(
-    key: str, *, task_name: str, occurrence_id: str | None, body: Callable[[], Any]
+    key: str,
+    *,
+    task_name: str,
+    occurrence_id: str | None,
+    body: Callable[[], Any],
+    tenant_id: int | None = None,
 ) -> Any:
-    """Run ``body`` once per ``key`` and return its (stored) JSON result."""
+    """Run ``body`` once per (``tenant_id``, ``task_name``, ``key``); return its stored result.
+
+    ``tenant_id`` None is the default namespace (a run outside the scheduler).
+    """
     from celery import current_task
 
     task_id = (current_task.request.id if current_task else None) or ""
+    # tenant_id=None becomes "tenant IS NULL" in the lookups below.
+    namespace = {"tenant_id": tenant_id, "task_name": task_name, "key": key}
     with transaction.atomic():
         try:
             with transaction.atomic():
                 IdempotencyRecord.objects.create(
-                    key=key,
-                    task_name=task_name,
-                    occurrence_id=occurrence_id,
-                    task_id=str(task_id),
+                    **namespace, occurrence_id=occurrence_id, task_id=str(task_id)
                 )
         except IntegrityError:
-            stored = IdempotencyRecord.objects.values_list("result", flat=True).get(key=key)
+            stored = IdempotencyRecord.objects.values_list("result", flat=True).get(**namespace)
             logger.info(
-                "idempotent task %s: key %s already done, returning the stored result",
+                "idempotent task %s: key %s already done (tenant %s), returning the stored result",
                 task_name,
                 key,
+                tenant_id if tenant_id is not None else "default",
                 extra={"event": "idempotent_duplicate", "key": key},
             )
             return stored
         with idempotency_context(key):
             value = body()
         result = as_json(value, task_name)
-        IdempotencyRecord.objects.filter(key=key).update(result=result)
+        IdempotencyRecord.objects.filter(**namespace).update(result=result)
         return result

@@ -169,7 +169,7 @@ def execute(
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
     try:
-        with occurrence_context(occurrence_id):
+        with occurrence_context(occurrence_id, tenant_id=claimed.tenant_id):
             value = target(*args, **kwargs)
     except Exception as exc:
         heartbeat.stop()
