@@ -89,7 +89,8 @@ def create_schedule(
         overlap_policy: ``ALLOW``, ``SKIP_IF_RUNNING`` or ``QUEUE_ONE``.
         flexible_window: Spread each run over this many seconds (deterministic jitter).
         concurrency_limit: At most this many RUNNING at once across all workers.
-        concurrency_group: Share the limit with other schedules under this name.
+        concurrency_group: Share the limit with the tenant's other schedules under this name
+            (names are per tenant: another tenant's group of the same name is separate).
         max_attempts: Attempts before an occurrence goes DEAD (default: setting).
         deadline: Seconds after scheduled_for after which no retry is made.
         idempotency_key: The same key returns the same schedule; different content with

@@ -88,6 +88,8 @@ class ClaimResult:
     #: The schedule's own retry bounds (None: use the task's or the settings' default).
     max_attempts: int | None = None
     deadline: datetime | None = None
+    #: The occurrence's tenant: its idempotency namespace and the scope of its slot names.
+    tenant_id: int | None = None
 
     @property
     def claimed(self) -> bool:
@@ -95,6 +97,7 @@ class ClaimResult:
 
 
 def concurrency_key(schedule: Schedule) -> str:
+    """The slot key within the schedule's tenant (slots are scoped by tenant, not by name)."""
     return schedule.concurrency_group or f"schedule:{schedule.pk}"
 
 
@@ -158,8 +161,9 @@ def _claim(
         if schedule.concurrency_limit:
             key = concurrency_key(schedule)
             slot = _acquire_slot(
-                key, schedule.concurrency_limit, slot_owner(occ_id, token), occ_id, now, lease
-            )
+                schedule.tenant_id, key, schedule.concurrency_limit,
+                slot_owner(occ_id, token), occ_id, now, lease,
+            )  # fmt: skip
             if slot is None:
                 return _defer(occ, now + defer, f"waiting for a concurrency slot of {key}")
         return _start(schedule, occ, worker, now, lease, slot)
@@ -264,28 +268,35 @@ def _defer(occ: Occurrence, retry_at: datetime, reason: str) -> ClaimResult:
 
 
 def _acquire_slot(
-    key: str, limit: int, owner: str, occ_id: uuid.UUID, now: datetime, lease: timedelta
+    tenant_id: int,
+    key: str,
+    limit: int,
+    owner: str,
+    occ_id: uuid.UUID,
+    now: datetime,
+    lease: timedelta,
 ) -> SlotLease | None:
-    """Take one of ``limit`` slots of ``key`` that is free or whose holder's lease expired.
+    """Take one of ``limit`` slots of the tenant's ``key`` that is free or expired.
 
-    The rows are created on first use (ON CONFLICT DO NOTHING). Each take is a conditional
-    UPDATE; on PostgreSQL a competing claimer blocks on the row and re-checks the condition
-    after the first one commits, so two claimers cannot both take one slot.
+    Group names are chosen by tenants, so slots are keyed by (tenant, key): another
+    tenant's group of the same name is another set of rows. The rows are created on first
+    use (ON CONFLICT DO NOTHING). Each take is a conditional UPDATE; on PostgreSQL a
+    competing claimer blocks on the row and re-checks the condition after the first one
+    commits, so two claimers cannot both take one slot.
     """
-    have = set(
-        ConcurrencySlot.objects.filter(key=key, slot__lt=limit).values_list("slot", flat=True)
-    )
+    mine = ConcurrencySlot.objects.filter(tenant_id=tenant_id, key=key, slot__lt=limit)
+    have = set(mine.values_list("slot", flat=True))
     if len(have) < limit:
         ConcurrencySlot.objects.bulk_create(
-            [ConcurrencySlot(key=key, slot=i) for i in range(limit) if i not in have],
+            [
+                ConcurrencySlot(tenant_id=tenant_id, key=key, slot=i)
+                for i in range(limit)
+                if i not in have
+            ],
             ignore_conflicts=True,
         )
     free = Q(owner="") | Q(expires_at__lt=now)
-    candidates = (
-        ConcurrencySlot.objects.filter(free, key=key, slot__lt=limit)
-        .order_by("slot")
-        .values_list("pk", "slot")
-    )
+    candidates = mine.filter(free).order_by("slot").values_list("pk", "slot")
     for pk, slot in list(candidates):
         taken = (
             ConcurrencySlot.objects.filter(free, pk=pk).update(
@@ -335,6 +346,7 @@ def _start(
         slot=slot,
         max_attempts=schedule.max_attempts,
         deadline=deadline,
+        tenant_id=occ.tenant_id,
     )
 
 

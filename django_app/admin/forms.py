@@ -51,7 +51,9 @@ HELP_TEXTS = {
         "Spread each run over this many seconds (same offset on every retry); 0 = exact time."
     ),
     "concurrency_limit": _("Most runs of this schedule (or group) at once, cluster-wide."),
-    "concurrency_group": _("Schedules sharing a group name share the concurrency limit."),
+    "concurrency_group": _(
+        "Schedules of this tenant sharing a group name share the concurrency limit."
+    ),
     "max_attempts": _("Tries per run before it is dead-lettered (empty = default)."),
     "deadline_seconds": _("Give up retrying this long after the scheduled time."),
 }
