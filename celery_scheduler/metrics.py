@@ -56,6 +56,7 @@ CounterName = Literal[
     "overlap_skips_total",
     "tenant_throttled_total",
     "claims_rejected_stale_total",
+    "schedules_parked_total",
 ]
 GaugeName = Literal["outbox_backlog", "materialization_lag_seconds"]
 HistogramName = Literal["schedule_lag_seconds", "queue_age_seconds", "state_seconds"]
@@ -90,6 +91,9 @@ _COUNTERS: dict[str, _Spec] = {
     ),
     "claims_rejected_stale_total": _Spec(
         "Writes refused because the fencing token, lease or version no longer matched."
+    ),
+    "schedules_parked_total": _Spec(
+        "Schedules parked because their stored timing cannot be planned.", ("tenant",)
     ),
 }
 _GAUGES: dict[str, _Spec] = {

@@ -139,6 +139,10 @@ def update_schedule(
         closed_at = _materialized_until(schedule, now)
         schedule.version += 1
         result = _invalidate(schedule, now)
+        if schedule.state == ScheduleState.PARKED:
+            # The merged timing validated above: the schedule can be planned again. Its
+            # version was closed when it was parked; the cursor resumes where it stopped.
+            _unpark(schedule)
         if schedule.state == ScheduleState.ACTIVE:
             if trigger_changed or old_cursor is None:
                 schedule.next_run_at = _first_run(spec, schedule.start_at, now)
@@ -176,13 +180,19 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
 
     Fire times that passed while paused: SKIP drops them; FIRE_ONCE keeps the latest one;
     CATCH_UP keeps the latest ``catchup_cap``. They then fire as late occurrences.
+    A PARKED schedule resumes the same way once its stored timing can be planned again;
+    otherwise the ValidationError says why and it stays parked.
     """
     now = (clock or SYSTEM_CLOCK).now()
     with transaction.atomic():
         schedule = _locked(schedule_id)
         if schedule.state == ScheduleState.ACTIVE:
             return _unchanged(schedule)
-        _require_state(schedule, ScheduleState.PAUSED, "resumed")
+        if schedule.state == ScheduleState.PARKED:
+            _require_plannable(schedule, now)
+            _unpark(schedule)
+        else:
+            _require_state(schedule, ScheduleState.PAUSED, "resumed")
         spec = _spec_of(schedule)
         trigger = spec.trigger(anchor=schedule.start_at or now)
         schedule.version += 1
@@ -239,6 +249,39 @@ def _locked(schedule_id: uuid.UUID | str) -> Schedule:
         return Schedule.objects.select_for_update().get(pk=pk)
     except (Schedule.DoesNotExist, ValueError):
         raise errors.ScheduleNotFound(f"No schedule with id {schedule_id!s}") from None
+
+
+def _require_plannable(schedule: Schedule, now: datetime) -> None:
+    """Raise a ValidationError naming the field if the stored timing still cannot be planned.
+
+    The same computation that parked it: the materializer's trigger and its next fire time.
+    """
+    from django_app.materializer import trigger_for
+
+    try:
+        trigger_for(schedule).first_at_or_after(now)
+    except errors.ValidationError:
+        raise
+    except (errors.SchedulerError, ValueError) as exc:
+        raise errors.InvalidTiming(
+            f"schedule {schedule.id} is still parked: its stored timing cannot be planned "
+            f"({type(exc).__name__}: {exc}); update it with a valid timing",
+            field=_TIMING_FIELD.get(schedule.kind, "cron"),
+        ) from exc
+
+
+_TIMING_FIELD = {
+    ScheduleKind.CRON.value: "cron",
+    ScheduleKind.INTERVAL.value: "interval",
+    ScheduleKind.ONE_OFF.value: "run_at",
+}
+
+
+def _unpark(schedule: Schedule) -> None:
+    """PARKED -> ACTIVE on the in-memory row (the caller saves it in its transaction)."""
+    schedule.state = ScheduleState.ACTIVE.value
+    schedule.parked_reason = ""
+    schedule.parked_at = None
 
 
 def _require_state(schedule: Schedule, state: ScheduleState, verb: str) -> None:
@@ -403,7 +446,10 @@ def _check_quota(tenant: Tenant) -> None:
     if tenant.max_schedules is None:
         return
     live = Schedule.objects.filter(
-        tenant=tenant, state__in=[ScheduleState.ACTIVE.value, ScheduleState.PAUSED.value]
+        tenant=tenant,
+        state__in=[
+            s.value for s in (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.PARKED)
+        ],
     ).count()
     if live >= tenant.max_schedules:
         raise errors.QuotaExceeded(

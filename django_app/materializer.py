@@ -29,7 +29,7 @@ from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffT
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf
-from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease
+from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, ShardLease
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,9 @@ class MaterializeReport(Summable):
     ``fenced``: transactions rolled back because the shard lease's fencing token moved on
     (the rest of that shard is skipped). ``history_jumped``: schedules whose oldest late
     fire times were passed over without a row each (more than ``max_missed_per_pass``).
-    ``invalid``: schedules skipped because their stored timing no longer validates (e.g. a
-    time zone the zone database dropped); logged, left untouched, the rest proceed.
+    ``invalid``: schedules whose stored timing no longer validates (e.g. a time zone the
+    zone database dropped); ``parked``: those of them this call moved to PARKED (with the
+    reason on the row, logged once, counted in ``schedules_parked_total``); the rest proceed.
     """
 
     schedules_seen: int = 0
@@ -62,6 +63,7 @@ class MaterializeReport(Summable):
     fenced: int = 0
     history_jumped: int = 0
     invalid: int = 0
+    parked: int = 0
 
 
 class _Rollback(SchedulerError):
@@ -211,10 +213,10 @@ def _materialize_one(
             start_at=schedule.start_at,
             end_at=schedule.end_at,
         )
-    except (SchedulerError, ValueError):
-        # One unreadable schedule must not stop every other schedule of the shard.
-        logger.exception("schedule %s has invalid timing; not materialized", schedule.id)
-        return MaterializeReport(schedules_seen=1, invalid=1)
+    except (SchedulerError, ValueError) as exc:
+        # One unreadable schedule must not stop every other schedule of the shard, nor be
+        # re-planned (and logged) on every pass: park it until resume/update fixes it.
+        return _park_one(schedule, exc, now=now, fencing_token=fencing_token)
     if not plan.fire and not plan.missed and plan.next_cursor == cursor:
         return MaterializeReport(schedules_seen=1)
     conflicts = 0
@@ -275,6 +277,60 @@ def _materialize_one(
         completed=int(done),
         history_jumped=int(plan.jumped is not None),
     )
+
+
+def _park_one(
+    schedule: Schedule, exc: Exception, *, now: datetime, fencing_token: int | None
+) -> MaterializeReport:
+    """Park ``schedule`` in its own transaction (fenced like a materialization)."""
+    try:
+        with transaction.atomic():
+            if fencing_token is not None:
+                _check_fence(schedule.shard, fencing_token)
+            reason = park(schedule, exc, now=now)
+    except _Rollback:
+        return MaterializeReport(schedules_seen=1, invalid=1, fenced=1)
+    if reason:
+        announce_parked(schedule, reason, exc)
+    return MaterializeReport(schedules_seen=1, invalid=1, parked=int(bool(reason)))
+
+
+def park(schedule: Schedule, exc: Exception, *, now: datetime) -> str:
+    """ACTIVE -> PARKED with the reason, in the caller's transaction; returns the reason.
+
+    Conditional on the version, cursor and state that were read (like a cursor move): a
+    schedule changed since ("" returned) is left to the next pass. The live version's
+    interval closes at the cursor, the first time that was not planned, as a pause
+    would close it, so a later resume or update opens the next version cleanly.
+    """
+    reason = f"cannot plan the stored timing: {type(exc).__name__}: {exc}"[:500]
+    cursor = schedule.next_run_at
+    moved = Schedule.objects.filter(
+        id=schedule.id,
+        version=schedule.version,
+        next_run_at=cursor,
+        state=ScheduleState.ACTIVE.value,
+    ).update(state=ScheduleState.PARKED.value, parked_reason=reason, parked_at=now, updated_at=now)
+    if moved != 1:
+        return ""
+    closed_at = min(now, cursor) if cursor is not None else now
+    ScheduleVersion.objects.filter(schedule_id=schedule.id, valid_to__isnull=True).update(
+        valid_to=closed_at
+    )
+    return reason
+
+
+def announce_parked(schedule: Schedule, reason: str, exc: Exception) -> None:
+    """After the park committed: one log line (with the traceback, once) and the metric."""
+    logger.warning(
+        "schedule %s (%s) parked: %s; resume or update it with a valid timing",
+        schedule.id,
+        schedule.name,
+        reason,
+        exc_info=exc,
+        extra={"event": "schedule_parked", "schedule_id": str(schedule.id)},
+    )
+    metrics.inc("schedules_parked_total", tenant=schedule.tenant.slug)
 
 
 def _check_fence(shard: int, token: int) -> None:

@@ -135,6 +135,7 @@ def _batch(
     """One batch transaction; returns its counts and the schedules it read (for paging)."""
     saved_releases = dict(releases)
     read: list[Schedule] = []
+    parked: list[tuple[Schedule, str, Exception]] = []
     try:
         with transaction.atomic():
             read = list(page.select_for_update(skip_locked=True, of=("self",))[:size])
@@ -146,6 +147,7 @@ def _batch(
                 releases=releases,
                 lost=lost,
                 max_missed=max_missed,
+                parked=parked,
             )
     except _BatchRejected:
         logger.warning("bulk materializer: a batch's cursors moved; per-schedule fallback")
@@ -167,6 +169,8 @@ def _batch(
                 lost.add(schedule.shard)
             report += one
         return report, read
+    for schedule, reason, exc in parked:
+        single.announce_parked(schedule, reason, exc)
     fault_point("materialize.after_commit")
     return report, read
 
@@ -180,7 +184,10 @@ def _write_batch(
     releases: dict[int, datetime],
     lost: set[int],
     max_missed: int,
+    parked: list[tuple[Schedule, str, Exception]],
 ) -> single.MaterializeReport:
+    """Plan, park and write one locked batch; fills ``parked`` for the caller to announce
+    after commit (a rolled-back batch parks nothing: the per-schedule fallback does)."""
     fenced = _fence(sorted({s.shard for s in read if s.shard in fencing}), fencing)
     lost.update(fenced)
     seen = sum(s.shard not in fenced for s in read) + len(fenced)
@@ -191,14 +198,20 @@ def _write_batch(
             continue
         try:
             plan = _plan(schedule, now=now, until=until, max_missed=max_missed)
-        except (SchedulerError, ValueError):
-            logger.exception("schedule %s has invalid timing; not materialized", schedule.id)
+        except (SchedulerError, ValueError) as exc:
+            # Park it (the row is locked and its shard fenced by this batch) instead of
+            # re-planning and logging it on every pass.
             invalid += 1
+            reason = single.park(schedule, exc, now=now)
+            if reason:
+                parked.append((schedule, reason, exc))
             continue
         if plan.fire or plan.missed or plan.next_cursor != schedule.next_run_at:
             planned.append(_Planned(schedule, plan))
     if not planned:
-        return single.MaterializeReport(schedules_seen=seen, invalid=invalid, fenced=len(fenced))
+        return single.MaterializeReport(
+            schedules_seen=seen, invalid=invalid, parked=len(parked), fenced=len(fenced)
+        )
     fault_point("materialize.before_insert")
     fire_rows: list[dict[str, Any]] = []
     missed_rows: list[dict[str, Any]] = []
@@ -229,6 +242,7 @@ def _write_batch(
         fenced=len(fenced),
         history_jumped=sum(item.plan.jumped is not None for item in planned),
         invalid=invalid,
+        parked=len(parked),
     )
 
 

@@ -184,7 +184,11 @@ def sync_beat_schedule(
         Schedule.objects.filter(
             source=SOURCE,
             idempotency_key__startswith=KEY_PREFIX,
-            state__in=[ScheduleState.ACTIVE.value, ScheduleState.PAUSED.value],
+            state__in=[
+                ScheduleState.ACTIVE.value,
+                ScheduleState.PAUSED.value,
+                ScheduleState.PARKED.value,
+            ],
         )
         .exclude(idempotency_key__in=known)
         .values_list("name", flat=True)

@@ -17,6 +17,7 @@ _TONE = {
     ScheduleState.PAUSED.value: "warn",
     ScheduleState.CANCELED.value: "muted",
     ScheduleState.COMPLETED.value: "muted",
+    ScheduleState.PARKED.value: "bad",
     OccurrenceState.SCHEDULED.value: "info",
     OccurrenceState.ENQUEUED.value: "info",
     OccurrenceState.RUNNING.value: "run",

@@ -27,6 +27,8 @@ BUTTONS = {
     ScheduleState.PAUSED.value: ("resume", "cancel", "run_now"),
     ScheduleState.CANCELED.value: (),
     ScheduleState.COMPLETED.value: ("run_now",),
+    # Resume un-parks once the timing can be planned (else it says why); edit to fix it.
+    ScheduleState.PARKED.value: ("resume", "cancel", "run_now"),
 }
 BUTTON_LABELS = {
     "pause": _("Pause"),
@@ -172,6 +174,13 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     @admin.display(description=_("State"), ordering="state")
     def state_column(self, obj: Schedule) -> str:
+        if obj.state == ScheduleState.PARKED.value:
+            # Parked needs an operator: say why right in the list.
+            return format_html(
+                '{}<br><small class="cs-parked-reason">{}</small>',
+                display.badge(obj.state),
+                obj.parked_reason,
+            )
         return display.badge(obj.state)
 
     @admin.display(description=_("When"))
