@@ -239,12 +239,16 @@ def _task_name(value: Any, *, check_registry: bool) -> str:
     return name
 
 
+INTERNAL_TASK_PREFIXES = ("celery.", "celery_scheduler.")
+
+
 def registered_task_names() -> list[str]:
     """Names of the tasks the current Celery app knows (after task autodiscovery)."""
     from celery import current_app
 
     current_app.loader.import_default_modules()
-    return sorted(n for n in current_app.tasks if not n.startswith("celery."))
+    # Celery's own tasks and the scheduler's internals are not something to schedule.
+    return sorted(n for n in current_app.tasks if not n.startswith(INTERNAL_TASK_PREFIXES))
 
 
 def _text(value: Any, name: str, max_length: int = 200, *, required: bool = False) -> str:

@@ -84,3 +84,16 @@ def fmt_seconds(seconds: float | None) -> str:
     if abs(seconds) < 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def ago(value: datetime | None) -> SafeString | str:
+    """ "3 minutes ago", with the exact UTC instant on hover; "never" for None."""
+    if value is None:
+        return format_html('<span class="cs-muted">{}</span>', "never")
+    from django.utils.timesince import timesince
+
+    return format_html(
+        '<span class="cs-time" title="{}">{} ago</span>',
+        value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        timesince(value, depth=1),
+    )

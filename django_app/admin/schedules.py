@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -16,7 +17,7 @@ from django.views.decorators.http import require_POST
 
 from celery_scheduler.core.enums import ScheduleState
 from django_app import views
-from django_app.admin import actions, display
+from django_app.admin import actions, display, schedule_summary
 from django_app.admin.forms import ScheduleForm
 from django_app.admin.tenancy import TenantScopedAdmin, has_scope, sees_all_tenants, tenant_of
 from django_app.models import Occurrence, Schedule
@@ -50,9 +51,14 @@ class TaskFilter(admin.SimpleListFilter):
         return queryset.filter(task=self.value()) if self.value() else queryset
 
 
-def _latest(field: str) -> Subquery:
-    latest = Occurrence.objects.filter(schedule=OuterRef("pk")).order_by("-scheduled_for")
-    return Subquery(latest.values(field)[:1])
+class ScheduleChangeList(ChangeList):
+    """Attaches each row's run summary, fetched once for the whole page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        summaries = schedule_summary.summarize(self.result_list)
+        for schedule in self.result_list:
+            schedule.run_summary = summaries.get(schedule.pk, schedule_summary.RowSummary())
 
 
 @admin.register(Schedule)
@@ -66,6 +72,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         "timing_column",
         "next_run_column",
         "last_run_column",
+        "outcomes_column",
         "tenant_column",
         "version",
     )
@@ -78,16 +85,10 @@ class ScheduleAdmin(TenantScopedAdmin):
     # --- queryset, form, permissions -------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return (
-            super()
-            .get_queryset(request)
-            .select_related("tenant")
-            .annotate(
-                last_state=_latest("state"),
-                last_scheduled_for=_latest("scheduled_for"),
-                last_enqueued_at=_latest("enqueued_at"),
-            )
-        )
+        return super().get_queryset(request).select_related("tenant")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ScheduleChangeList
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -202,28 +203,44 @@ class ScheduleAdmin(TenantScopedAdmin):
             return format_html("every {}", display.fmt_seconds(obj.interval_seconds))
         return format_html("once at {}", display.local_and_utc(obj.run_at, obj.timezone))
 
-    @admin.display(description=_("Next run"), ordering="next_run_at")
-    def next_run_column(self, obj: Schedule) -> str:
-        when = display.local_and_utc(obj.next_run_at, obj.timezone)
+    @admin.display(description=_("Next run"))
+    def next_run_column(self, obj: Any) -> str:
+        # The earliest occurrence still to run; the cursor only when none is planned yet
+        # (it is one period past the newest planned occurrence).
+        summary = getattr(obj, "run_summary", schedule_summary.RowSummary())
+        when = display.local_and_utc(summary.next_pending or obj.next_run_at, obj.timezone)
         if obj.state != ScheduleState.ACTIVE.value and obj.next_run_at is not None:
             # A paused schedule keeps its cursor for the misfire policy; it is not due.
-            return format_html('<span class="cs-held" title="{}">{}</span>', _("on hold"), when)
-        return when
+            when = format_html('<span class="cs-held" title="{}">{}</span>', _("on hold"), when)
+        return format_html('<span data-column="next-run">{}</span>', when)
 
-    @admin.display(description=_("Last run · lag"), ordering="last_scheduled_for")
+    @admin.display(description=_("Last run · lag"))
     def last_run_column(self, obj: Any) -> str:
-        if obj.last_state is None:
-            return "—"
-        lag = None
-        if obj.last_enqueued_at is not None:
-            lag = (obj.last_enqueued_at - obj.last_scheduled_for).total_seconds()
+        summary = getattr(obj, "run_summary", schedule_summary.RowSummary())
+        if summary.last_state is None:
+            return format_html('<span data-column="last-run">{}</span>', "—")
         url = (
             reverse("admin:django_app_occurrence_changelist")
             + "?"
             + urlencode({"schedule": str(obj.pk)})
         )
         return format_html(
-            '<a href="{}">{}</a> {}', url, display.badge(obj.last_state), display.lag(lag)
+            '<span data-column="last-run"><a href="{}">{}</a> {}<br><small>{}</small></span>',
+            url,
+            display.badge(summary.last_state),
+            display.lag(summary.last_lag),
+            display.local_and_utc(summary.last_scheduled_for, "UTC"),
+        )
+
+    @admin.display(description=_("Last success · last failure"))
+    def outcomes_column(self, obj: Any) -> str:
+        summary = getattr(obj, "run_summary", schedule_summary.RowSummary())
+        return format_html(
+            '<span data-column="outcomes"><small>{} {}<br>{} {}</small></span>',
+            _("last success"),
+            display.ago(summary.last_success),
+            _("last failure"),
+            display.ago(summary.last_failure),
         )
 
     @admin.display(description=_("Tenant"), ordering="tenant__slug")
