@@ -101,9 +101,13 @@ CELERY_SCHEDULER = {
     if value
 }
 
+# One handler, on the root logger: the scheduler's INFO lines propagate to it once. (A handler
+# on the "celery_scheduler" logger itself printed every line twice under celery, whose own
+# root handler received the same record.) Celery replaces the root handler in its processes.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"celery_scheduler": {"handlers": ["console"], "level": "INFO"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"celery_scheduler": {"level": "INFO"}, "django_app": {"level": "INFO"}},
 }

@@ -86,8 +86,20 @@ def fmt_seconds(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def fmt_interval(seconds: int | None) -> str:
+    """A whole-second period as people say it: "every 30 s", "every 1 h 30 min"."""
+    if not seconds:
+        return "—"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}")
+    return "every " + " ".join(parts)
+
+
 def ago(value: datetime | None) -> SafeString | str:
-    """ "3 minutes ago", with the exact UTC instant on hover; "never" for None."""
+    """'3 minutes ago', with the exact UTC instant on hover; "never" for None."""
     if value is None:
         return format_html('<span class="cs-muted">{}</span>', "never")
     from django.utils.timesince import timesince

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -132,7 +132,11 @@ def collect(request: HttpRequest, *, now: datetime) -> Overview:
         .values_list("state", "n")
     )
     outbox = scope(request, OutboxEntry.objects.filter(sent_at__isnull=True))
-    backlog = outbox.aggregate(n=Count("id"), oldest=Min("available_at"))
+    backlog = outbox.aggregate(
+        n=Count("id"),
+        # Waiting means due and unsent: a row planned for later is not late yet.
+        oldest=Min("available_at", filter=Q(available_at__lte=now)),
+    )
     samples, (p50, p95, p99), by_minute = lag_percentiles(occurrences, now)
     return Overview(
         now=now,

@@ -19,7 +19,13 @@ from celery_scheduler.core.enums import ScheduleState
 from django_app import views
 from django_app.admin import actions, display, schedule_summary
 from django_app.admin.forms import ScheduleForm
-from django_app.admin.tenancy import TenantScopedAdmin, has_scope, sees_all_tenants, tenant_of
+from django_app.admin.tenancy import (
+    TenantScopedAdmin,
+    has_scope,
+    sees_all_tenants,
+    shows_tenants,
+    tenant_of,
+)
 from django_app.models import Occurrence, Schedule
 
 #: Which per-object buttons make sense in which state.
@@ -98,7 +104,7 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         who = ["name", "task", "args", "kwargs"]
-        if sees_all_tenants(request):
+        if shows_tenants(request):
             who.insert(1, "tenant")
         status = ("state_column", "version", "next_run_display", "history") if obj else ()
         return [
@@ -200,7 +206,7 @@ class ScheduleAdmin(TenantScopedAdmin):
                 title,
             )
         if obj.kind == "INTERVAL":
-            return format_html("every {}", display.fmt_seconds(obj.interval_seconds))
+            return display.fmt_interval(obj.interval_seconds)
         return format_html("once at {}", display.local_and_utc(obj.run_at, obj.timezone))
 
     @admin.display(description=_("Next run"))

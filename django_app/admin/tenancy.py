@@ -19,6 +19,7 @@ from django.http import Http404, HttpRequest
 from django_app.models import Tenant, TenantMembership
 
 _CACHE_ATTR = "_scheduler_tenant"
+_MULTI_ATTR = "_scheduler_multi_tenant"
 
 
 def tenant_of(request: HttpRequest) -> Tenant | None:
@@ -38,6 +39,22 @@ def tenant_of(request: HttpRequest) -> Tenant | None:
 
 def sees_all_tenants(request: HttpRequest) -> bool:
     return bool(request.user.is_active and request.user.is_superuser)
+
+
+def shows_tenants(request: HttpRequest) -> bool:
+    """Whether tenant pickers and columns mean anything to this user.
+
+    Only a superuser chooses between tenants, and only when there is more than the default
+    one: a single-tenant install never shows a tenant selector.
+    """
+    if not sees_all_tenants(request):
+        return False
+    if not hasattr(request, _MULTI_ATTR):
+        from django_app import conf
+
+        others = Tenant.objects.exclude(slug=conf.get().default_tenant).exists()
+        setattr(request, _MULTI_ATTR, others)
+    return bool(getattr(request, _MULTI_ATTR))
 
 
 def scope(request: HttpRequest, queryset: QuerySet[Any], lookup: str = "tenant") -> QuerySet[Any]:
@@ -76,13 +93,13 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         filters = list(super().get_list_filter(request))
-        if not sees_all_tenants(request):
+        if not shows_tenants(request):
             filters = [f for f in filters if f != self.tenant_lookup]
         return filters
 
     def get_list_display(self, request: HttpRequest) -> Any:
         columns = list(super().get_list_display(request))
-        if not sees_all_tenants(request):
+        if not shows_tenants(request):
             columns = [c for c in columns if c != "tenant_column"]
         return columns
 

@@ -123,6 +123,18 @@ class TestOverview:
         assert "9.90 s" in html  # p99, over the SLO
         assert "1 dead letter" in html
 
+    def test_rows_not_yet_due_are_not_waiting(self, login: Any, make_schedule: Any) -> None:
+        from django_app.models import OutboxEntry
+
+        schedule = make_schedule()
+        ahead = add_occurrence(schedule, state="SCHEDULED", minutes_ago=-3, lag=None)
+        OutboxEntry.objects.create(
+            occurrence=ahead, tenant=schedule.tenant, available_at=ahead.available_at
+        )
+        stats = login("acme").get(OVERVIEW).context["stats"]
+        assert (stats.outbox_backlog, stats.outbox_due) == (1, 0)
+        assert stats.oldest_unsent_age is None  # was -180 s: "waiting" since the future
+
     def test_empty_overview_renders(self, login: Any) -> None:
         response = login("acme").get(OVERVIEW)
         assert response.status_code == 200

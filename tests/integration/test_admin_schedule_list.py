@@ -94,3 +94,49 @@ def test_task_choices_hide_the_scheduler_internals(login: Any) -> None:
     html = login("acme").get(reverse("admin:django_app_schedule_add")).content.decode()
     assert "celery_scheduler.run_occurrence" not in html
     assert '<option value="billing.ping">' in html
+
+
+def test_a_single_tenant_install_hides_the_tenant_selector(client: Any, db: None) -> None:
+    from django.contrib.auth.models import User
+
+    from celery_scheduler import api
+    from django_app.models import Tenant
+
+    client.force_login(User.objects.create_superuser("solo", "solo@example.com", "pw"))
+    api.create_schedule(name="only tenant", task="billing.ping", interval=30)
+    add = reverse("admin:django_app_schedule_add")
+    assert 'name="tenant"' not in client.get(add).content.decode()
+    assert "column-tenant_column" not in client.get(LIST).content.decode()
+
+    Tenant.objects.create(slug="second")
+    assert 'name="tenant"' in client.get(add).content.decode()
+    assert "column-tenant_column" in client.get(LIST).content.decode()
+
+
+def test_a_schedule_added_without_the_selector_lands_in_the_default_tenant(
+    client: Any, db: None
+) -> None:
+    from django.contrib.auth.models import User
+
+    from django_app.models import Schedule
+    from tests.integration.test_admin_schedules import form_data
+
+    client.force_login(User.objects.create_superuser("solo", "solo@example.com", "pw"))
+    response = client.post(reverse("admin:django_app_schedule_add"), form_data(name="solo job"))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Schedule.objects.get(name="solo job").tenant.slug == "default"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (30, "every 30 s"),
+        (90, "every 1 min 30 s"),
+        (3600, "every 1 h"),
+        (86400 + 60, "every 1 d 1 min"),
+    ],
+)
+def test_intervals_read_as_people_say_them(seconds: int, text: str) -> None:
+    from django_app.admin.display import fmt_interval
+
+    assert fmt_interval(seconds) == text
