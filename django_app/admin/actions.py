@@ -27,6 +27,28 @@ SCHEDULE_VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+def audit(request: HttpRequest, obj: Any, message: str) -> None:
+    """Write what a user did to Django's admin log (History), as the change form does."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    user_id = getattr(request.user, "pk", None)
+    if user_id is None:
+        return
+    if hasattr(LogEntry.objects, "log_actions"):  # Django >= 5.1
+        LogEntry.objects.log_actions(
+            user_id=user_id, queryset=[obj], action_flag=CHANGE, change_message=message,
+            single_object=True,
+        )  # fmt: skip
+    else:  # pragma: no cover - Django < 5.1
+        from django.contrib.contenttypes.models import ContentType
+
+        LogEntry.objects.log_action(
+            user_id=user_id, content_type_id=ContentType.objects.get_for_model(obj).pk,
+            object_id=obj.pk, object_repr=str(obj)[:200], action_flag=CHANGE,
+            change_message=message,
+        )  # fmt: skip
+
+
 def _api() -> Any:
     from celery_scheduler import api
 
@@ -40,7 +62,9 @@ def apply_lifecycle(request: HttpRequest, schedules: Iterable[Schedule], verb: s
     done: list[tuple[Schedule, Any]] = []
     for schedule in schedules:
         try:
-            done.append((schedule, func(schedule.pk)))
+            result = func(schedule.pk)
+            done.append((schedule, result))
+            audit(request, schedule, f"{past.capitalize()}: {_describe(result)}")
         except errors.SchedulerError as exc:
             messages.warning(
                 request,
@@ -65,7 +89,9 @@ def run_now(request: HttpRequest, schedules: Iterable[Schedule]) -> int:
     created: list[tuple[Schedule, Occurrence]] = []
     for schedule in schedules:
         try:
-            created.append((schedule, _api().run_now(schedule.pk)))
+            occurrence = _api().run_now(schedule.pk)
+            created.append((schedule, occurrence))
+            audit(request, schedule, f"Run now: manual occurrence {occurrence.pk}")
         except errors.SchedulerError as exc:
             messages.warning(
                 request, format_html(_("Could not run “{}” now: {}"), schedule.name, str(exc))
@@ -92,6 +118,7 @@ def replay(request: HttpRequest, occurrences: Iterable[Occurrence]) -> int:
     for occurrence in occurrences:
         try:
             replayed.append(_api().replay_occurrence(occurrence.pk))
+            audit(request, occurrence.schedule, f"Replayed DEAD occurrence {occurrence.pk}")
         except errors.SchedulerError as exc:
             messages.warning(
                 request,

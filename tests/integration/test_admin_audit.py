@@ -1,0 +1,60 @@
+"""Pause, resume, cancel, run now and replay from the admin are in Django's admin log."""
+
+# The fixtures are imported from admin_support, so their parameters shadow the imports.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from tests.integration.admin_support import (  # noqa: F401 (fixtures)
+    add_occurrence,
+    login,
+    make_schedule,
+    tenants,
+    users,
+)
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:django_app_schedule_changelist")
+OCC_LIST = reverse("admin:django_app_occurrence_changelist")
+
+
+def log_of(schedule: Any) -> list[tuple[str, str]]:
+    from django.contrib.admin.models import LogEntry
+
+    entries = LogEntry.objects.filter(object_id=str(schedule.pk)).order_by("action_time", "pk")
+    return [(e.user.username, e.change_message) for e in entries]
+
+
+def test_each_verb_is_written_to_the_admin_log(login: Any, make_schedule: Any) -> None:
+    schedule = make_schedule(name="audited")
+    client = login("acme")
+    for verb in ("pause", "resume", "run_now", "cancel"):
+        url = reverse("admin:django_app_schedule_act", args=[schedule.pk, verb])
+        assert client.post(url).status_code == 302
+    dead = add_occurrence(schedule, state="DEAD")
+    client.post(OCC_LIST, {"action": "replay_selected", "_selected_action": [str(dead.pk)]})
+
+    log = log_of(schedule)
+    assert [who for who, _ in log] == ["alice"] * 5
+    messages = [message for _, message in log]
+    assert messages[0].startswith("Paused: ")
+    assert messages[1].startswith("Resumed: ")
+    assert messages[2].startswith("Run now: manual occurrence ")
+    assert messages[3].startswith("Canceled: ")
+    assert messages[4] == f"Replayed DEAD occurrence {dead.pk}"
+    history = client.get(reverse("admin:django_app_schedule_history", args=[schedule.pk]))
+    assert "Run now: manual occurrence" in history.content.decode()
+
+
+def test_a_refused_verb_is_not_logged(login: Any, make_schedule: Any) -> None:
+    schedule = make_schedule()
+    client = login("acme")
+    client.post(reverse("admin:django_app_schedule_act", args=[schedule.pk, "cancel"]))
+    client.post(reverse("admin:django_app_schedule_act", args=[schedule.pk, "resume"]))
+    assert [m.split(":")[0] for _, m in log_of(schedule)] == ["Canceled"]
