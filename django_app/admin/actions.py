@@ -34,19 +34,10 @@ def audit(request: HttpRequest, obj: Any, message: str) -> None:
     user_id = getattr(request.user, "pk", None)
     if user_id is None:
         return
-    if hasattr(LogEntry.objects, "log_actions"):  # Django >= 5.1
-        LogEntry.objects.log_actions(
-            user_id=user_id, queryset=[obj], action_flag=CHANGE, change_message=message,
-            single_object=True,
-        )  # fmt: skip
-    else:  # pragma: no cover - Django < 5.1
-        from django.contrib.contenttypes.models import ContentType
-
-        LogEntry.objects.log_action(
-            user_id=user_id, content_type_id=ContentType.objects.get_for_model(obj).pk,
-            object_id=obj.pk, object_repr=str(obj)[:200], action_flag=CHANGE,
-            change_message=message,
-        )  # fmt: skip
+    LogEntry.objects.log_actions(
+        user_id=user_id, queryset=[obj], action_flag=CHANGE, change_message=message,
+        single_object=True,
+    )  # fmt: skip
 
 
 def _api() -> Any:
