@@ -28,6 +28,7 @@ import logging
 import os
 import random
 import socket
+import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_POLL_INTERVAL = 1.0
 #: How far ahead the relay claims rows into its dispatcher.
 DEFAULT_LOOKAHEAD = timedelta(seconds=3)
+#: Seconds a clean stop may spend handing shards and claims back (then they just expire).
+DEFAULT_STOP_TIMEOUT = 5.0
 #: First back-off after an error; doubles up to max_interval.
 BACKOFF_START = 0.5
 #: Seconds between checks for rows stored in shards >= shard_count while running.
@@ -88,6 +91,8 @@ class DatabaseScheduler(beat.Scheduler):
         self.poll_interval = float(kwargs.pop("poll_interval", DEFAULT_POLL_INTERVAL))
         self.lookahead: timedelta = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
         self.use_shard_leases = bool(kwargs.pop("use_shard_leases", True))
+        self.stop_timeout = float(kwargs.pop("stop_timeout", DEFAULT_STOP_TIMEOUT))
+        self._busy = False
         kwargs.pop("schedule_filename", None)  # Celery passes it; we keep no file
         self.node = node_name()
         self._relay: LookaheadRelay | None = None
@@ -106,16 +111,23 @@ class DatabaseScheduler(beat.Scheduler):
     def setup_schedule(self) -> None:
         """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down)."""
         ensure_django()
-        self._sync_static()
+        self._busy = True
+        try:
+            self._sync_static()
+        finally:
+            self._busy = False
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One step of the loop (module docstring); returns seconds to sleep."""
+        self._busy = True
         try:
             self._step()
         except errors.ShardCountMismatch:
             raise  # a configuration error: refuse to run rather than strand schedules
         except Exception as exc:
             return self._failed(exc)
+        finally:
+            self._busy = False
         self._backoff = 0.0
         return self._sleep_time()
 
@@ -123,20 +135,66 @@ class DatabaseScheduler(beat.Scheduler):
         """Nothing to persist: every state change was committed when it happened."""
 
     def close(self) -> None:
+        """Release the shard leases and held claims, within ``stop_timeout`` seconds.
+
+        Celery's SIGTERM handler calls this from inside whatever the loop was doing. If that
+        was our own database work, the interrupted query still holds the connection (and its
+        lock): nothing is done here then; the handler's SystemExit unwinds the loop (rolling
+        its transaction back) and Celery calls ``close`` again from its ``finally``. The
+        release itself runs on a fresh connection in a helper thread that is waited for at
+        most ``stop_timeout`` seconds, so a stop never hangs on the database.
+        """
+        if self._busy:
+            logger.info("beat %s: stop requested; releasing after the current step", self.node)
+            return
         leaser, self._leaser = self._leaser, None
+        relay, self._relay = self._relay, None
+        if leaser is None and relay is None:
+            return
+        from django.db import connection
+
+        if connection.in_atomic_block:  # a caller's transaction (tests): release in it
+            self._release(leaser, relay)
+            return
+        self._close_db()  # an interrupted query may have left it mid-command
+        done = threading.Thread(
+            target=self._release_on_own_connection,
+            args=(leaser, relay),
+            name=f"{self.node} release",
+            daemon=True,
+        )
+        done.start()
+        done.join(self.stop_timeout)
+        if done.is_alive():
+            logger.warning(
+                "beat %s: releasing shards and claims took over %.1fs; giving up (they "
+                "expire on their own)", self.node, self.stop_timeout,
+            )  # fmt: skip
+
+    def _release_on_own_connection(
+        self, leaser: ShardLeaser | None, relay: LookaheadRelay | None
+    ) -> None:
+        """The helper thread of :meth:`close` (Django gives it a connection of its own)."""
+        from django.db import connection
+
+        try:
+            self._release(leaser, relay)
+        finally:
+            connection.close()
+
+    def _release(self, leaser: ShardLeaser | None, relay: LookaheadRelay | None) -> None:
         if leaser is not None:
             try:
-                leaser.release_all()
+                released = leaser.release_all(timeout=self.stop_timeout)
+                logger.info("beat %s: released %d shard lease(s)", self.node, released)
             except Exception:  # the leases expire on their own
                 logger.warning("beat %s: could not release shard leases", self.node)
-        relay, self._relay = self._relay, None
-        if relay is None:
-            return
-        try:
-            released = relay.close()
-            logger.info("beat %s: released %d held claim(s)", self.node, released)
-        except Exception:  # the claims expire on their own
-            logger.warning("beat %s: could not release held claims", self.node, exc_info=True)
+        if relay is not None:
+            try:
+                released = relay.close()
+                logger.info("beat %s: released %d held claim(s)", self.node, released)
+            except Exception:  # the claims expire on their own
+                logger.warning("beat %s: could not release held claims", self.node)
 
     @property
     def info(self) -> str:

@@ -136,16 +136,19 @@ class ShardLeaser:
             raise LeaseLost(f"node {self.node!r} holds no lease on shard {shard}")
         check(shard, token, node=self.node, now=self.clock.now())
 
-    def release_all(self) -> int:
+    def release_all(self, *, timeout: float | None = None) -> int:
         """Give every held shard back (token-checked) and drop the heartbeat; returns the count.
 
         Called on a clean shutdown so other nodes take the shards on their next refresh
-        instead of waiting for the leases to expire.
+        instead of waiting for the leases to expire. ``timeout`` (seconds) bounds every
+        lock wait and statement of the release on PostgreSQL.
         """
         held, self._held = self._held, {}
         self._valid_until = None
         try:
             with transaction.atomic():
+                if timeout is not None:
+                    _bound_statements(timeout)
                 released = sum(self._release_one(s, t) for s, t in sorted(held.items()))
                 BeatNode.objects.filter(name=self.node).delete()
         except DatabaseError as exc:
@@ -253,3 +256,12 @@ class ShardLeaser:
             ms = max(1, int(self.refresh_interval * 1000))
             with connection.cursor() as cur:
                 cur.execute(f"SET LOCAL lock_timeout = {ms}")
+
+
+def _bound_statements(seconds: float) -> None:
+    """Inside a transaction on PostgreSQL: no lock wait or statement lasts over ``seconds``."""
+    if connection.vendor == "postgresql":
+        ms = max(1, int(seconds * 1000))
+        with connection.cursor() as cur:
+            cur.execute(f"SET LOCAL lock_timeout = {ms}")
+            cur.execute(f"SET LOCAL statement_timeout = {ms}")
