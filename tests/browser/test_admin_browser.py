@@ -36,14 +36,31 @@ def test_create_fix_preview_pause_and_history(page: Any, users: Any, screenshot:
     from django_app.models import Schedule
 
     log_in(page, "alice")
+    preview_statuses: list[int] = []
+    page.on(
+        "response",
+        lambda r: preview_statuses.append(r.status) if "/preview/" in r.url else None,
+    )
     page.goto("/admin/django_app/schedule/add/")
+    # A pristine form shows no error and asks the server nothing it would refuse.
+    expect(page.locator("#cs-description")).to_contain_text("Type a cron expression")
+    expect(page.locator(".errorlist")).to_have_count(0)
+    expect(page.locator("#cs-preview-error")).to_be_hidden()
+    page.wait_for_timeout(500)  # past the preview's 250 ms debounce
+    assert preview_statuses == []  # nothing to preview yet: no request, no logged 400
     page.fill("#id_name", "nightly export")
     page.select_option("#id_task", TASK)
+    page.fill("#id_timezone", "Europe/Ber")
+    page.fill("#id_cron", "30 2 * * *")
+    # A half-typed zone is flagged on the zone field as you type...
+    expect(page.locator(".field-timezone .cs-live-error")).to_contain_text("Europe/Berlin")
     page.fill("#id_timezone", "Europe/Berlin")
+    expect(page.locator(".field-timezone .cs-live-error")).to_have_count(0)
     page.fill("#id_cron", "30 25 * * *")
 
-    # The live preview already complains while typing...
-    expect(page.locator("#cs-preview-error")).to_contain_text("out of range")
+    # ...and so is a bad cron, on the cron field, not below the policies.
+    expect(page.locator(".field-cron .cs-live-error")).to_contain_text("out of range")
+    expect(page.locator("#cs-preview-error")).to_be_hidden()
     # ...and the server refuses the save, with the error on the cron field.
     page.click("input[name=_save]")
     expect(page.locator(".field-cron .errorlist")).to_contain_text("out of range")

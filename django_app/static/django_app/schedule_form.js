@@ -37,13 +37,40 @@ function csSchedulePreview() {
     tr.appendChild(td);
   }
 
+  // Errors go on the field they are about, as the server's do after a save; the panel only
+  // carries what belongs to no field (a network failure, "no future run").
+  const FIELDS = ["cron", "timezone", "interval_seconds", "run_at", "start_at", "kind"];
+  function clearLiveErrors() {
+    form.querySelectorAll(".cs-live-error").forEach((el) => el.remove());
+  }
+  function showFieldError(name, message) {
+    const row = rowOf(name);
+    if (!row || row.hidden) return false;
+    const stale = row.querySelector(".errorlist");
+    if (stale) stale.remove();  // the last save's error no longer applies to what is typed now
+    const list = document.createElement("ul");
+    list.className = "errorlist cs-live-error";
+    list.setAttribute("role", "alert");
+    const item = document.createElement("li");
+    item.textContent = message;
+    list.appendChild(item);
+    const input = row.querySelector("input, select, textarea");
+    (input && input.parentElement ? input : row.firstElementChild || row).after(list);
+    return true;
+  }
+
   function render(data) {
     panel.classList.remove("cs-loading");
     body.replaceChildren();
-    errorBox.hidden = data.ok;
+    clearLiveErrors();
+    errorBox.hidden = true;
     if (!data.ok) {
       description.textContent = "";
-      errorBox.textContent = Object.values(data.errors || {}).join(" ") || "Cannot preview.";
+      const loose = [];
+      for (const [name, message] of Object.entries(data.errors || {})) {
+        if (!(FIELDS.includes(name) && showFieldError(name, message))) loose.push(message);
+      }
+      if (loose.length) errorBox.hidden = false, errorBox.textContent = loose.join(" ");
       return;
     }
     description.textContent = data.description;
@@ -64,9 +91,24 @@ function csSchedulePreview() {
     if (!data.rows.length) errorBox.hidden = false, errorBox.textContent = "No future run.";
   }
 
+  // A pristine form has nothing to preview yet: say so instead of asking the server (which
+  // would answer 400 and log a bad request for every page load).
+  const decidingField = { CRON: "cron", INTERVAL: "interval_seconds", ONE_OFF: "run_at" };
+  function nothingTyped() {
+    return !value(decidingField[kind()] || "cron").trim();
+  }
+
   let timer = null, seq = 0;
   function refresh() {
     clearTimeout(timer);
+    if (nothingTyped()) {
+      ++seq;
+      clearLiveErrors();
+      body.replaceChildren();
+      errorBox.hidden = true;
+      description.textContent = panel.dataset.hint || "";
+      return;
+    }
     timer = setTimeout(async () => {
       const mine = ++seq;
       const params = new URLSearchParams({ kind: kind(), from: from.value });
