@@ -52,19 +52,27 @@ def zone_or_utc(name: str) -> ZoneInfo:
         return ZoneInfo("UTC")
 
 
-def local_and_utc(value: datetime | None, zone_name: str) -> SafeString | str:
-    """The instant in the schedule's zone, with UTC underneath."""
+def local_and_utc(
+    value: datetime | None, zone_name: str, *, seconds: bool = False
+) -> SafeString | str:
+    """The instant in the schedule's zone, with UTC underneath (one format everywhere)."""
     if value is None:
         return "—"
+    shape = "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
     local = value.astimezone(zone_or_utc(zone_name))
     utc = value.astimezone(UTC)
     if zone_name == "UTC":
-        return format_html('<span class="cs-time">{}</span>', utc.strftime("%Y-%m-%d %H:%M UTC"))
+        return format_html('<span class="cs-time">{}</span>', utc.strftime(shape + " UTC"))
     return format_html(
         '<span class="cs-time">{}</span><br><small class="cs-utc">{}</small>',
-        local.strftime("%Y-%m-%d %H:%M ") + (local.tzname() or ""),
-        utc.strftime("%Y-%m-%d %H:%M UTC"),
+        local.strftime(shape + " ") + (local.tzname() or ""),
+        utc.strftime(shape + " UTC"),
     )
+
+
+def instant(value: datetime | None) -> SafeString | str:
+    """An exact instant, to the second, in UTC (execution times, leases)."""
+    return local_and_utc(value, "UTC", seconds=True)
 
 
 def lag(seconds: float | None) -> SafeString | str:

@@ -6,15 +6,18 @@ or deletes them. The only write is a replay of a DEAD occurrence, through the AP
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
 
 from celery_scheduler.core.enums import OccurrenceState
 from django_app.admin import actions, display
@@ -50,11 +53,20 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
         "outcome",
         "fencing_token",
         "worker",
-        "started_at",
-        "finished_at",
+        "started_column",
+        "finished_column",
         "short_error",
     )
     readonly_fields = fields
+
+    @admin.display(description=_("Started at"))
+    def started_column(self, obj: Attempt) -> str:
+        return display.instant(obj.started_at)
+
+    @admin.display(description=_("Finished at"))
+    def finished_column(self, obj: Attempt) -> str:
+        return display.instant(obj.finished_at)
+
     show_change_link = True
     ordering = ("number",)
 
@@ -64,19 +76,23 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
         return first[-1][:120] if first else "—"
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 @admin.register(Occurrence)
 class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
     change_list_template = "admin/django_app/occurrence/change_list.html"
+    change_form_template = "admin/django_app/occurrence/change_form.html"
     list_display = (
         "short_id",
         "schedule_link",
         "state_column",
         "scheduled_column",
-        "available_at",
-        "enqueued_at",
         "lag_column",
         "attempt_count",
-        "manual",
+        "manual_column",
+        "error_column",
         "tenant_column",
     )
     list_filter = ("state", "manual", "tenant")
@@ -92,9 +108,11 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
                 "fields": (
                     "id",
                     "schedule_link",
-                    "schedule_version",
+                    "task_column",
+                    "args_block",
+                    "kwargs_block",
                     "state_column",
-                    "manual",
+                    "manual_column",
                     "reason",
                 )
             },
@@ -104,11 +122,12 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             {
                 "fields": (
                     "scheduled_column",
-                    "available_at",
-                    "enqueued_at",
-                    "started_at",
-                    "finished_at",
-                    "retry_at",
+                    "available_column",
+                    "enqueued_column",
+                    "started_column",
+                    "finished_column",
+                    "duration_column",
+                    "retry_column",
                     "lag_column",
                 )
             },
@@ -120,7 +139,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
                     "attempt_count",
                     "fencing_token",
                     "lease_owner",
-                    "lease_expires_at",
+                    "lease_expires_column",
                     "last_error_block",
                     "result",
                 )
@@ -128,25 +147,11 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         ),
     )
     readonly_fields = (
-        "id",
-        "schedule_link",
-        "schedule_version",
-        "state_column",
-        "manual",
-        "reason",
-        "scheduled_column",
-        "available_at",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "retry_at",
-        "lag_column",
-        "attempt_count",
-        "fencing_token",
-        "lease_owner",
-        "lease_expires_at",
-        "last_error_block",
-        "result",
+        *("id", "schedule_link", "task_column", "args_block", "kwargs_block", "state_column"),
+        *("manual_column", "reason", "scheduled_column", "available_column", "enqueued_column"),
+        *("started_column", "finished_column", "duration_column", "retry_column", "lag_column"),
+        *("attempt_count", "fencing_token", "lease_owner", "lease_expires_column"),
+        *("last_error_block", "result"),
     )
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
@@ -157,6 +162,45 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
     @admin.action(description=_("Replay selected dead occurrences"), permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         actions.replay(request, queryset)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<path:object_id>/replay/",
+                self.admin_site.admin_view(require_POST(self.replay_view)),
+                name="django_app_occurrence_replay",
+            ),
+            *super().get_urls(),
+        ]
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Replay button on a dead occurrence's page (same API call as the list action)."""
+        occurrence = self.get_object(request, object_id)  # 404 outside the user's tenant
+        if not self.has_replay_permission(request):
+            raise PermissionDenied
+        actions.replay(request, [occurrence])
+        return HttpResponseRedirect(
+            reverse("admin:django_app_occurrence_change", args=[occurrence.pk])
+        )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        if (
+            obj is not None
+            and obj.state == OccurrenceState.DEAD.value
+            and self.has_replay_permission(request)
+        ):
+            context["replay_url"] = reverse("admin:django_app_occurrence_replay", args=[obj.pk])
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    # --- columns and read-only blocks ---------------------------------------------------
 
     @admin.display(description=_("Occurrence"), ordering="id")
     def short_id(self, obj: Occurrence) -> str:
@@ -169,13 +213,71 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             '<a href="{}">{}</a> <small>v{}</small>', url, obj.schedule.name, obj.schedule_version
         )
 
+    @admin.display(description=_("Task"))
+    def task_column(self, obj: Occurrence) -> str:
+        return format_html('<code class="cs-mono">{}</code>', obj.schedule.task)
+
+    @admin.display(description=_("Args"))
+    def args_block(self, obj: Occurrence) -> str:
+        return format_html('<code class="cs-mono">{}</code>', _json(obj.schedule.args))
+
+    @admin.display(description=_("Kwargs"))
+    def kwargs_block(self, obj: Occurrence) -> str:
+        return format_html('<code class="cs-mono">{}</code>', _json(obj.schedule.kwargs))
+
     @admin.display(description=_("State"), ordering="state")
     def state_column(self, obj: Occurrence) -> str:
         return display.badge(obj.state)
 
+    @admin.display(description=_("Run"), ordering="manual")
+    def manual_column(self, obj: Occurrence) -> str:
+        # "Scheduled" is the ordinary case: only a manual run is worth a mark.
+        if obj.manual:
+            return format_html('<span class="cs-tag">{}</span>', _("manual"))
+        return ""
+
+    @admin.display(description=_("Error"))
+    def error_column(self, obj: Occurrence) -> str:
+        lines = (obj.last_error or "").strip().splitlines()
+        if not lines:
+            return ""
+        return format_html(
+            '<span class="cs-error-line" title="{}">{}</span>', obj.last_error, lines[-1][:100]
+        )
+
     @admin.display(description=_("Scheduled for"), ordering="scheduled_for")
     def scheduled_column(self, obj: Occurrence) -> str:
-        return display.local_and_utc(obj.scheduled_for, obj.schedule.timezone)
+        return display.local_and_utc(obj.scheduled_for, obj.schedule.timezone, seconds=True)
+
+    @admin.display(description=_("Available at"))
+    def available_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.available_at)
+
+    @admin.display(description=_("Enqueued at"))
+    def enqueued_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.enqueued_at)
+
+    @admin.display(description=_("Started at"))
+    def started_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.started_at)
+
+    @admin.display(description=_("Finished at"))
+    def finished_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.finished_at)
+
+    @admin.display(description=_("Duration"))
+    def duration_column(self, obj: Occurrence) -> str:
+        if obj.started_at is None or obj.finished_at is None:
+            return "—"
+        return display.fmt_seconds((obj.finished_at - obj.started_at).total_seconds())
+
+    @admin.display(description=_("Retry at"))
+    def retry_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.retry_at)
+
+    @admin.display(description=_("Lease expires at"))
+    def lease_expires_column(self, obj: Occurrence) -> str:
+        return display.instant(obj.lease_expires_at)
 
     @admin.display(description=_("Lag"))
     def lag_column(self, obj: Occurrence) -> str:
