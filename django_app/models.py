@@ -414,3 +414,16 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class SchedulerOverview(Schedule):
+    """No data of its own: the admin index's entry for the scheduler overview page.
+
+    Django's admin index lists models only, so this proxy gives the overview a row there,
+    beside Schedules and Occurrences (its changelist redirects to the overview).
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")

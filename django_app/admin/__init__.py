@@ -2,11 +2,12 @@
 
 schedules: the one schedule form, list and lifecycle actions; occurrences: history,
 attempts and dead letters; tenancy: tenant scoping and tenant management; the preview
-endpoint and the overview page live in ``django_app.views``.
+endpoint and the overview page live in ``django_app.views``; overview_entry gives the
+overview its row on the admin index.
 """
 
 from __future__ import annotations
 
-from django_app.admin import occurrences, schedules, tenancy
+from django_app.admin import occurrences, overview_entry, schedules, tenancy
 
-__all__ = ["occurrences", "schedules", "tenancy"]
+__all__ = ["occurrences", "overview_entry", "schedules", "tenancy"]

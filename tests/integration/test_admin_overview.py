@@ -171,3 +171,14 @@ def test_sql_percentiles_equal_python_on_postgres(make_schedule: Any) -> None:
     assert p99 is not None
     assert p50 < p95 < p99
     assert timedelta(hours=1) > timedelta(minutes=300 * 0.15)  # every row is in the window
+
+
+def test_the_overview_is_reachable_from_the_admin_index(login: Any) -> None:
+    client = login("acme")
+    index = client.get(reverse("admin:index")).content.decode()
+    entry = reverse("admin:django_app_scheduleroverview_changelist")
+    assert f'href="{entry}"' in index
+    response = client.get(entry)
+    assert response.status_code == 302
+    assert response["Location"] == OVERVIEW
+    assert client.get(OVERVIEW).status_code == 200
