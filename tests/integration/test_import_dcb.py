@@ -105,3 +105,67 @@ def test_without_the_tables_the_command_explains(db: None) -> None:
     with pytest.raises(CommandError, match="django_celery_beat_periodictask is missing"):
         run()
     assert Schedule.objects.count() == 0
+
+
+def test_intervals_keep_their_cadence_from_last_run_at(dcb: None) -> None:
+    """An hourly task that ran 10 minutes ago runs again in 50 minutes, not at the import."""
+    from django_celery_beat import models as m
+
+    now = SYSTEM_CLOCK.now().replace(microsecond=0)
+    hourly = m.IntervalSchedule.objects.create(every=1, period="hours")
+    daily = m.IntervalSchedule.objects.create(every=1, period="days")
+    ran = {
+        "hourly": now - timedelta(minutes=10),
+        "daily": now - timedelta(hours=23),
+        "long idle": now - timedelta(hours=3, minutes=30),  # beat was down: phase kept
+    }
+    for name, interval in (("hourly", hourly), ("daily", daily), ("long idle", hourly)):
+        m.PeriodicTask.objects.create(
+            name=name, task="billing.ping", interval=interval, last_run_at=ran[name]
+        )
+    run()
+    first = {s.name: s.next_run_at for s in Schedule.objects.all()}
+    assert first["hourly"] == ran["hourly"] + timedelta(hours=1)
+    assert first["daily"] == ran["daily"] + timedelta(days=1)  # same time of day as before
+    assert first["long idle"] == ran["long idle"] + timedelta(hours=4)
+
+
+def test_expiry_fields_map_to_deadline_and_end(dcb: None) -> None:
+    from django_celery_beat import models as m
+
+    every = m.IntervalSchedule.objects.create(every=5, period="minutes")
+    ends = SYSTEM_CLOCK.now().replace(microsecond=0) + timedelta(days=30)
+    m.PeriodicTask.objects.create(
+        name="short-lived runs", task="billing.ping", interval=every, expire_seconds=120
+    )
+    m.PeriodicTask.objects.create(name="ends", task="billing.ping", interval=every, expires=ends)
+    run()
+    assert Schedule.objects.get(name="short-lived runs").deadline_seconds == 120
+    assert Schedule.objects.get(name="ends").end_at == ends
+
+
+def test_dry_run_lists_what_cannot_be_carried_over(dcb: None) -> None:
+    from django_celery_beat import models as m
+
+    every = m.IntervalSchedule.objects.create(every=5, period="minutes")
+    task = m.PeriodicTask.objects.create(
+        name="routed", task="billing.ping", interval=every, exchange="billing",
+        routing_key="billing.high", headers=json.dumps({"trace": "1"}), description="docs",
+    )  # fmt: skip
+    report = run("--dry-run")
+    line = next(ln for ln in report.splitlines() if f"#{task.id} 'routed'" in ln)
+    assert "not carried over: exchange='billing', routing_key='billing.high'" in report
+    assert "headers=" in report
+    assert "would create" in line
+
+
+def test_before_migrate_the_command_says_so(dcb: None) -> None:
+    from django.core.management.base import CommandError
+
+    call_command("migrate", "django_app", "zero", verbosity=0)
+    try:
+        for args in (("--dry-run",), ()):
+            with pytest.raises(CommandError, match=r"manage\.py migrate"):
+                run(*args)
+    finally:
+        call_command("migrate", "django_app", verbosity=0)

@@ -7,7 +7,12 @@ idempotency key ``dcb:<periodic task id>``: running the import twice creates not
 
 Mapping: crontab (+ its time zone) -> cron; interval (every + period) -> interval;
 clocked -> one-off at ``clocked_time``; ``enabled = false`` -> created, then paused;
-args/kwargs (JSON text), queue, priority, start_time -> start_at, expires -> end_at.
+args/kwargs (JSON text), queue, priority, start_time -> start_at, expires -> end_at,
+expire_seconds -> deadline. An interval keeps its cadence: it is anchored at
+``last_run_at + every`` (django-celery-beat's own next run), so an hourly task that ran ten
+minutes before the switch runs fifty minutes after it, and a daily one keeps its time of day.
+Fields with no equivalent (exchange, routing_key, headers, description) are named in the
+report when set.
 Skipped with a reason: solar schedules, ``one_off`` tasks on an interval or crontab, one-offs
 that already ran, and anything validation rejects (an unknown task name, a past run_at...).
 """
@@ -15,8 +20,9 @@ that already ran, and anything validation rejects (an unknown task name, a past 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -26,12 +32,14 @@ from django.utils.dateparse import parse_datetime
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app import lifecycle, validation
+from django_app.models import Schedule
 
 PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
 
 _QUERY = """
 SELECT t.id, t.name, t.task, t.args, t.kwargs, t.queue, t.priority, t.one_off, t.enabled,
-       t.start_time, t.expires, t.last_run_at, t.total_run_count,
+       t.start_time, t.expires, t.expire_seconds, t.last_run_at, t.total_run_count,
+       t.exchange, t.routing_key, t.headers, t.description,
        i.every, i.period,
        c.minute, c.hour, c.day_of_month, c.month_of_year, c.day_of_week, c.timezone,
        k.clocked_time, t.solar_id
@@ -42,8 +50,9 @@ LEFT JOIN django_celery_beat_clockedschedule k ON k.id = t.clocked_id
 ORDER BY t.id
 """
 _COLUMNS = (
-    "id name task args kwargs queue priority one_off enabled start_time expires last_run_at "
-    "total_run_count every period minute hour day_of_month month_of_year day_of_week "
+    "id name task args kwargs queue priority one_off enabled start_time expires expire_seconds "
+    "last_run_at total_run_count exchange routing_key headers description "
+    "every period minute hour day_of_month month_of_year day_of_week "
     "timezone clocked_time solar_id"
 ).split()
 
@@ -59,6 +68,8 @@ class Plan:
     values: dict[str, Any] = field(default_factory=dict)
     enabled: bool = True
     skip: str = ""
+    #: Fields set in django-celery-beat that have no equivalent here (reported, not imported).
+    lost: str = ""
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
@@ -79,6 +90,26 @@ def _aware(value: Any) -> datetime | None:
     return value
 
 
+def _next_on_cadence(last_run: datetime, every: int, now: datetime) -> datetime:
+    """The first ``last_run + k * every`` (k >= 1) not before ``now``."""
+    step = timedelta(seconds=every)
+    periods = max(1, math.ceil((now - last_run) / step))
+    return last_run + periods * step
+
+
+#: PeriodicTask fields with no equivalent here: the dry run names them when they are set.
+NOT_CARRIED = ("exchange", "routing_key", "headers", "description")
+
+
+def _not_carried(row: dict[str, Any]) -> str:
+    found = []
+    for name in NOT_CARRIED:
+        value = row.get(name)
+        if value and value != "{}":
+            found.append(f"{name}={str(value)[:60]!r}")
+    return ", ".join(found)
+
+
 def _timing(row: dict[str, Any]) -> dict[str, Any]:
     if row["solar_id"] is not None:
         raise Skip("solar schedules are not supported; use a crontab in the local zone")
@@ -92,7 +123,14 @@ def _timing(row: dict[str, Any]) -> dict[str, Any]:
         unit = PERIOD_SECONDS.get(row["period"])
         if unit is None:
             raise Skip(f"interval period {row['period']!r} is not supported")
-        return {"interval": int(row["every"]) * unit}
+        every = int(row["every"]) * unit
+        timing: dict[str, Any] = {"interval": every}
+        last_run = _aware(row["last_run_at"])
+        if last_run is not None:
+            # django-celery-beat runs an interval at last_run_at + every: anchor there, so
+            # the cadence (and a daily job's time of day) survives the switch.
+            timing["start_at"] = _next_on_cadence(last_run, every, SYSTEM_CLOCK.now())
+        return timing
     if row["minute"] is not None:
         fields = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
         cron = " ".join(str(row[f]).replace(" ", "") for f in fields)
@@ -114,6 +152,13 @@ def plan_row(row: dict[str, Any]) -> Plan:
             "end_at": _aware(row["expires"]),
             **_timing(row),
         }
+        start_time = _aware(row["start_time"])
+        current = plan.values.get("start_at")
+        if start_time is not None and current is not None and current < start_time:
+            plan.values["start_at"] = start_time  # never before django-celery-beat would
+        if row["expire_seconds"]:
+            plan.values["deadline"] = int(row["expire_seconds"])
+        plan.lost = _not_carried(row)
         validation.validate(now=SYSTEM_CLOCK.now(), **plan.values)
     except Skip as skip:
         plan.skip = str(skip)
@@ -130,7 +175,13 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", default=None, help="tenant slug (default tenant)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if "django_celery_beat_periodictask" not in connection.introspection.table_names():
+        tables = connection.introspection.table_names()
+        if Schedule._meta.db_table not in tables:
+            raise CommandError(
+                "this scheduler's tables are missing: add 'django_app' to INSTALLED_APPS and "
+                "run `python manage.py migrate` first, then import"
+            )
+        if "django_celery_beat_periodictask" not in tables:
             raise CommandError(
                 "django-celery-beat's tables are not in this database "
                 "(django_celery_beat_periodictask is missing); nothing to import"
@@ -148,6 +199,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"skip    {label}: {plan.skip}")
                 continue
             state = "" if plan.enabled else " (paused: disabled in django-celery-beat)"
+            if plan.lost:
+                state += f"; not carried over: {plan.lost}"
             if dry_run:
                 counts["create"] += 1
                 self.stdout.write(f"{verb} {label}: {plan.values['task']}{state}")
