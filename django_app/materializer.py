@@ -29,7 +29,14 @@ from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffT
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf
-from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, ShardLease
+from django_app.models import (
+    Occurrence,
+    OutboxEntry,
+    Schedule,
+    ScheduleVersion,
+    ShardLease,
+    SkippedSpan,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +248,7 @@ def _materialize_one(
                 for row in fire_rows
                 if row["id"] in created
             )
+            record_skipped_spans([(schedule, plan)], now=now, max_missed=max_missed)
             done = plan.next_cursor is None
             moved = Schedule.objects.filter(
                 id=schedule.id,
@@ -331,6 +339,31 @@ def announce_parked(schedule: Schedule, reason: str, exc: Exception) -> None:
         extra={"event": "schedule_parked", "schedule_id": str(schedule.id)},
     )
     metrics.inc("schedules_parked_total", tenant=schedule.tenant.slug)
+
+
+def record_skipped_spans(
+    planned: list[tuple[Schedule, PassPlan]], *, now: datetime, max_missed: int
+) -> None:
+    """Record each plan's jumped-over span (inside the caller's transaction).
+
+    Durable so the reconciler can tell history the policy skipped on purpose from lost
+    occurrences; written with the cursor move, so a rolled-back pass records nothing.
+    """
+    spans = [
+        SkippedSpan(
+            schedule_id=schedule.id,
+            schedule_version=schedule.version,
+            first_at=plan.jumped[0],
+            resume_at=plan.jumped[1],
+            recorded_at=now,
+            reason=f"misfire {schedule.misfire_policy}: more than max_missed_per_pass="
+            f"{max_missed} late fire times",
+        )
+        for schedule, plan in planned
+        if plan.jumped is not None
+    ]
+    if spans:
+        SkippedSpan.objects.bulk_create(spans, ignore_conflicts=True)
 
 
 def _check_fence(shard: int, token: int) -> None:

@@ -224,6 +224,9 @@ def _write_batch(
     created = insert_ignore(Occurrence, fire_rows)
     created_missed = insert_ignore(Occurrence, missed_rows)
     _insert_outbox([r for r in fire_rows if r["id"] in created], owner, now=now)
+    single.record_skipped_spans(
+        [(item.schedule, item.plan) for item in planned], now=now, max_missed=max_missed
+    )
     done = _advance(planned, now=now)
     for item in planned:
         if item.plan.jumped is not None:

@@ -249,6 +249,8 @@ class Occurrence(models.Model):
             models.Index(fields=["schedule", "state"], name="occurrence_schedule_state"),
             models.Index(fields=["state", "scheduled_for"], name="occurrence_state_time"),
             models.Index(fields=["tenant", "state"], name="occurrence_tenant_state"),
+            # The reconciler's window read: one chunk of schedules, a time range, in order.
+            models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time"),
         ]
 
     def __str__(self) -> str:
@@ -260,6 +262,35 @@ class Occurrence(models.Model):
         if self.enqueued_at is None:
             return None
         return (self.enqueued_at - self.scheduled_for).total_seconds()
+
+
+class SkippedSpan(models.Model):
+    """Late fire times a materializer pass jumped over without a row each, on purpose.
+
+    After an outage with more late fire times than ``max_missed_per_pass`` the misfire policy
+    records the newest ones (MISSED, or fired) and jumps over the older ones. This row, written
+    in the same transaction as the cursor move, says which: the fire times of
+    ``schedule_version`` in ``[first_at, resume_at)``. The reconciler reports them as
+    ``skipped_by_policy`` instead of ABSENT.
+    """
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="skipped_spans")
+    schedule_version = models.PositiveIntegerField()
+    first_at = models.DateTimeField()
+    resume_at = models.DateTimeField()
+    recorded_at = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["schedule", "first_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["schedule", "schedule_version", "first_at"], name="skipped_span_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} v{self.schedule_version} [{self.first_at}, {self.resume_at})"
 
 
 class Attempt(models.Model):

@@ -147,3 +147,97 @@ def test_unexpected_occurrences_are_listed_but_manual_ones_are_not(clock: Frozen
     result = reconcile(start=NOW, end=NOW + 2 * MINUTE, now=NOW + 2 * MINUTE)
     assert [(i.version, i.status) for i in result.unexpected] == [(9, "unexpected")]
     assert result.counts["unexpected"] == 1
+
+
+@pytest.mark.parametrize("policy", ["SKIP", "FIRE_ONCE", "CATCH_UP"])
+def test_history_jumped_by_max_missed_per_pass_is_skipped_by_policy_not_absent(
+    clock: FrozenClock, settings: Any, policy: str
+) -> None:
+    # A long outage: more late fire times than max_missed_per_pass. The policy jumps over the
+    # oldest ones on purpose (no row each); that is not a lost occurrence.
+    settings.CELERY_SCHEDULER = {"max_missed_per_pass": 2}
+    create(clock, misfire_policy=policy, max_lateness=60, catchup_cap=1)
+    clock.advance(10 * MINUTE)  # down from 12:00 to 12:10
+    materialize_due(clock=clock, horizon=timedelta(0))
+    out = StringIO()
+    call_command(
+        "reconcile",
+        "--from",
+        NOW.isoformat(),
+        "--to",
+        (NOW + 11 * MINUTE).isoformat(),
+        "--json",
+        stdout=out,
+    )  # fmt: skip  (no CommandError: exit status 0)
+    report = json.loads(out.getvalue())
+    statuses = [i["status"] for i in report["expected"]]
+    assert "ABSENT" not in statuses
+    assert report["ok"] is True
+    jumped = statuses.count("skipped_by_policy")
+    assert jumped >= 1
+    assert statuses[:jumped] == ["skipped_by_policy"] * jumped  # the oldest ones
+    assert report["counts"]["skipped_by_policy"] == jumped
+    assert statuses[-1] == "pending"  # 12:10, on time
+
+
+def test_dst_gap_is_not_absent() -> None:
+    # Europe/Berlin springs forward at 2026-03-29 01:00 UTC (02:00 local does not exist).
+    night = datetime(2026, 3, 28, 23, 0, tzinfo=UTC)
+    clock = FrozenClock(night)
+    create(clock, cron="*/30 2 * * *", timezone="Europe/Berlin")
+    create(clock, cron="0 * * * *", timezone="Europe/Berlin", name="hourly")
+    for _ in range(8):
+        materialize_due(clock=clock, horizon=timedelta(0))
+        clock.advance(30 * MINUTE)
+    result = reconcile(start=night, end=clock.now(), now=clock.now())
+    assert result.absent == []
+    assert result.counts.get("pending", 0) == len(result.expected) > 0
+
+
+def test_chunked_streaming_matches_and_queries_per_chunk(clock: FrozenClock) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_app.reconcile import iter_reconcile
+
+    schedules = [create(clock, name=f"s{i}") for i in range(5)]
+    run_minutes(clock, 3)
+    api.update_schedule(schedules[0].id, cron="*/2 * * * *", clock=clock)
+    run_minutes(clock, 3)
+    Occurrence.objects.filter(schedule=schedules[3], scheduled_for=NOW + MINUTE).delete()
+    whole = reconcile(start=NOW, end=NOW + 6 * MINUTE, now=clock.now())
+    with CaptureQueriesContext(connection) as queries:
+        items = list(iter_reconcile(start=NOW, end=NOW + 6 * MINUTE, now=clock.now(),
+                                    chunk_size=2))  # fmt: skip
+    occurrence_reads = [q for q in queries if 'FROM "django_app_occurrence"' in q["sql"]]
+    assert len(occurrence_reads) == 3  # 5 schedules in chunks of 2: one read per chunk
+    key = lambda i: (str(i.schedule_id), i.version, i.scheduled_for, i.status)  # noqa: E731
+    assert sorted(map(key, items)) == sorted(map(key, whole.expected + whole.unexpected))
+    assert [i.status for i in items].count("ABSENT") == 1
+
+
+def test_window_read_uses_the_schedule_time_index(clock: FrozenClock) -> None:
+    from django.db import connection
+
+    from django_app.reconcile import occurrence_window
+
+    s = create(clock)
+    qs = occurrence_window([s.id], NOW, NOW + MINUTE)
+    plan = qs.explain()
+    assert "occurrence_schedule_time" in plan, plan
+    assert connection.vendor in {"sqlite", "postgresql"}
+
+
+def test_streamed_json_is_one_document_even_when_empty_or_unexpected_only(
+    clock: FrozenClock,
+) -> None:
+    code, report = run_reconcile()
+    assert (code, report["ok"], report["expected"], report["unexpected"]) == (0, True, [], [])
+    s = create(clock)
+    Occurrence.objects.create(
+        id="00000000-0000-0000-0000-000000000002", schedule=s, schedule_version=7,
+        tenant=s.tenant, scheduled_for=NOW, available_at=NOW,
+    )  # fmt: skip
+    code, report = run_reconcile("--schedule", str(s.id))
+    assert [i["version"] for i in report["unexpected"]] == [7]
+    assert report["counts"]["unexpected"] == 1
