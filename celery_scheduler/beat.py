@@ -111,6 +111,9 @@ class DatabaseScheduler(beat.Scheduler):
     def setup_schedule(self) -> None:
         """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down)."""
         ensure_django()
+        from django_app import database_checks
+
+        database_checks.require_safe_database()  # refuses to start (UnsafeDatabase)
         self._busy = True
         try:
             self._sync_static()
@@ -122,8 +125,8 @@ class DatabaseScheduler(beat.Scheduler):
         self._busy = True
         try:
             self._step()
-        except errors.ShardCountMismatch:
-            raise  # a configuration error: refuse to run rather than strand schedules
+        except errors.ConfigurationError:
+            raise  # refuse to run rather than strand schedules or break a guarantee
         except Exception as exc:
             return self._failed(exc)
         finally:

@@ -87,7 +87,16 @@ class LeaseLost(StaleWrite):
     """The caller's lease (shard, occurrence or concurrency slot) expired or was taken over."""
 
 
-class ShardCountMismatch(SchedulerError):
+class ConfigurationError(SchedulerError):
+    """The deployment cannot run correctly as configured: beat and workers refuse to start."""
+
+
+class UnsafeDatabase(ConfigurationError):
+    """The database is configured in a way that breaks the scheduler's guarantees
+    (for example SQLite without ``transaction_mode = "IMMEDIATE"``)."""
+
+
+class ShardCountMismatch(ConfigurationError):
     """Rows are stored in shards at or above ``shard_count``: no beat would ever lease them.
 
     Raised when beat starts (it refuses to run); ``manage.py reshard`` moves them into range.

@@ -8,3 +8,8 @@ class SchedulerConfig(AppConfig):
     label = "django_app"
     verbose_name = "Distributed scheduler"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_app import database_checks  # registers the system checks
+
+        del database_checks

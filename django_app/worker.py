@@ -33,7 +33,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL, sources_of
-from django_app import tenancy
+from django_app import database_checks, tenancy
 from django_app.connections import reset_after_error
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.worker_finish import (
@@ -116,6 +116,7 @@ def claim(
     ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
     when the database cannot be reached: nothing was claimed, so the caller may retry.
     """
+    database_checks.require_safe_database()  # once per process; refuses on unsafe SQLite
     try:
         return _claim(uuid.UUID(str(occurrence_id)), worker, clock or SYSTEM_CLOCK, lease, defer)
     except (OperationalError, InterfaceError) as exc:

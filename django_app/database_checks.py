@@ -1,0 +1,87 @@
+"""What the scheduler needs from the database configuration, checked rather than assumed.
+
+SQLite serializes writers with file locks. Django's default DEFERRED transactions start as
+readers and upgrade to writers on the first write, and SQLite refuses such an upgrade while
+another process writes ("database is locked", with no waiting): a beat and a worker that both
+read-then-write would fail each other's claims. ``transaction_mode = "IMMEDIATE"`` takes the
+write lock at BEGIN and waits ``timeout`` seconds for it instead, which is what several
+processes on one file need. WAL (a journal mode) lets readers go on while one process writes;
+the scheduler works without it, only slower, so it is a warning.
+
+Beat refuses to start and a worker refuses to claim on an unsafe configuration
+(:class:`errors.UnsafeDatabase`); ``manage.py check`` reports the same as a warning, so that
+``migrate`` and ``runserver`` still work while the settings are being fixed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.core import checks
+from django.db import connections
+
+from celery_scheduler import errors
+
+SQLITE_OPTIONS_HINT = (
+    'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30, '
+    '"init_command": "PRAGMA journal_mode=WAL;"}'
+)
+
+
+def sqlite_problems(settings_dict: dict[str, Any]) -> list[str]:
+    """What is wrong with one SQLite connection's settings for several processes."""
+    if settings_dict.get("ENGINE") != "django.db.backends.sqlite3":
+        return []
+    options = settings_dict.get("OPTIONS") or {}
+    problems = []
+    if str(options.get("transaction_mode") or "").upper() != "IMMEDIATE":
+        problems.append(
+            "SQLite needs OPTIONS transaction_mode='IMMEDIATE': with Django's default "
+            "(DEFERRED) a beat and a worker writing at once fail with 'database is locked'"
+        )
+    name = str(settings_dict.get("NAME") or "")
+    if name == ":memory:" or "mode=memory" in name:
+        problems.append(
+            "an in-memory SQLite database is private to one process: beat and workers "
+            "cannot share it; use a file"
+        )
+    return problems
+
+
+@functools.cache
+def require_safe_database(alias: str = "default") -> None:
+    """Raise :class:`errors.UnsafeDatabase` if ``alias`` cannot carry the guarantees."""
+    problems = sqlite_problems(connections[alias].settings_dict)
+    if problems:
+        raise errors.UnsafeDatabase(
+            f"the scheduler refuses to run on this database ({alias!r}): "
+            + "; ".join(problems)
+            + f". Set {SQLITE_OPTIONS_HINT} (see the README, 'The embedded default')."
+        )
+
+
+@checks.register(checks.Tags.database, checks.Tags.compatibility)
+def check_database(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> Sequence[checks.CheckMessage]:
+    found: list[checks.CheckMessage] = []
+    for alias in connections:
+        settings_dict = connections[alias].settings_dict
+        found.extend(
+            checks.Warning(problem, hint=f"Set {SQLITE_OPTIONS_HINT}", id="django_app.W001")
+            for problem in sqlite_problems(settings_dict)
+        )
+        if settings_dict.get("ENGINE") == "django.db.backends.sqlite3":
+            init = str((settings_dict.get("OPTIONS") or {}).get("init_command") or "")
+            if "journal_mode=wal" not in init.replace(" ", "").lower():
+                found.append(
+                    checks.Warning(
+                        "SQLite without WAL: readers wait while beat or a worker writes",
+                        hint='add "PRAGMA journal_mode=WAL;" to OPTIONS["init_command"]',
+                        id="django_app.W002",
+                    )
+                )
+    return found
