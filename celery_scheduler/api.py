@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from celery_scheduler import errors
 from celery_scheduler.core import timemath
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
@@ -176,20 +177,26 @@ def preview(
 
     Pure: needs no database. Raises the same validation errors as ``create_schedule``.
     """
-    start = start or (clock or SYSTEM_CLOCK).now()
+    start = timemath.check_instant(start or (clock or SYSTEM_CLOCK).now(), "start")
     trigger: timemath.Trigger
-    given = [n for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at)) if v]
+    # Present means "given" (not None, not ""): interval=0 is a bad interval, not a missing one.
+    given = [
+        n
+        for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at))
+        if v is not None and v != ""
+    ]
     if len(given) != 1:
-        from celery_scheduler import errors
-
-        raise errors.InvalidTiming("give exactly one of cron, interval or run_at", field="cron")
-    if cron:
+        raise errors.InvalidTiming(
+            "give exactly one of cron, interval or run_at",
+            field=given[1] if len(given) > 1 else "cron",
+        )
+    if given == ["cron"]:
+        assert cron is not None
         trigger = timemath.CronTrigger(expression=cron, timezone=timezone)
-    elif interval:
-        every = interval if isinstance(interval, timedelta) else timedelta(seconds=interval)
-        trigger = timemath.IntervalTrigger(every=every, anchor=start)
+    elif given == ["interval"]:
+        trigger = timemath.IntervalTrigger(every=timemath.parse_interval(interval), anchor=start)
     else:
         assert run_at is not None
-        trigger = timemath.OneOffTrigger(run_at=run_at)
+        trigger = timemath.OneOffTrigger(run_at=timemath.check_instant(run_at, "run_at"))
     # Include `start` itself so a preview that starts on a fire time shows it.
     return timemath.preview(trigger, start=start - timedelta(microseconds=1), count=count)

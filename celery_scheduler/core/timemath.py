@@ -40,8 +40,10 @@ __all__ = [
     "OneOffTrigger",
     "PreviewRow",
     "Trigger",
+    "check_instant",
     "describe_cron",
     "fire_times",
+    "parse_interval",
     "parse_timezone",
     "preview",
 ]
@@ -69,6 +71,13 @@ _SEARCH_YEARS = 50
 MAX_PREVIEW = 1000
 
 
+#: Instants accepted from callers (run_at, start_at, end_at, preview starts, command
+#: arguments). Far from datetime's year 1 and 9999 so that no arithmetic on them (intervals,
+#: lateness, windows, local-time conversion) can leave datetime's range.
+MIN_INSTANT = datetime(1900, 1, 1, tzinfo=UTC)
+MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _require_aware(value: datetime, name: str) -> datetime:
     if not isinstance(value, datetime):
         raise errors.ValidationError(f"{name} must be a datetime, got {value!r}", field=name)
@@ -78,20 +87,47 @@ def _require_aware(value: datetime, name: str) -> datetime:
             "datetime such as datetime(..., tzinfo=UTC)",
             field=name,
         )
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise errors.InvalidTiming(
+            f"{name} {value.isoformat()} is outside the supported range", field=name
+        ) from None
+
+
+def check_instant(value: datetime, name: str) -> datetime:
+    """``value`` as aware UTC if it lies in [MIN_INSTANT, MAX_INSTANT), else InvalidTiming."""
+    utc = _require_aware(value, name)
+    if not MIN_INSTANT <= utc < MAX_INSTANT:
+        raise errors.InvalidTiming(
+            f"{name} {value.isoformat()} is outside the supported range "
+            f"{MIN_INSTANT:%Y-%m-%d} to {MAX_INSTANT:%Y-%m-%d} (UTC)",
+            field=name,
+        )
+    return utc
 
 
 # --- time zones ---------------------------------------------------------------------------
 
 
+#: Files in the zoneinfo directory that are not IANA zone names: ``localtime`` is the host's
+#: own zone (it differs between machines, so beats on two hosts would disagree).
+_NOT_IANA = frozenset({"localtime", "posixrules"})
+
+
 @functools.cache
 def _zone_names() -> tuple[str, ...]:
-    return tuple(sorted(available_timezones()))
+    return tuple(sorted(available_timezones() - _NOT_IANA))
+
+
+@functools.cache
+def _zone_set() -> frozenset[str]:
+    return frozenset(_zone_names())
 
 
 def parse_timezone(name: str) -> ZoneInfo:
     """Return the IANA zone ``name`` or raise :class:`errors.UnknownTimeZone` with suggestions."""
-    if isinstance(name, str) and name.strip() == name and name:
+    if isinstance(name, str) and name in _zone_set():
         try:
             return ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -329,6 +365,46 @@ class CronTrigger:
         return self._zone
 
 
+#: Longest interval: anything longer is better said with a cron (and stays far from
+#: datetime's range when multiplied by a preview count).
+MAX_INTERVAL = timedelta(days=366)
+
+
+def parse_interval(value: object, name: str = "interval") -> timedelta:
+    """Whole seconds (int, integral float, timedelta or a string of ASCII digits) from 1 s
+    to MAX_INTERVAL, else :class:`errors.InvalidTiming` naming ``name``."""
+    seconds: int | None = None
+    if isinstance(value, timedelta):
+        total = value.total_seconds()
+        seconds = int(total) if total == int(total) else None
+    elif isinstance(value, float) and value.is_integer():
+        seconds = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str) and _is_number(value.strip()) and len(value.strip()) <= 12:
+        seconds = int(value.strip())
+    if seconds is None:
+        raise errors.InvalidTiming(
+            f"{name} must be a whole number of seconds, got {_short_repr(value)}", field=name
+        )
+    if not 1 <= seconds <= MAX_INTERVAL.total_seconds():
+        raise errors.InvalidTiming(
+            f"{name} must be from 1 second to {MAX_INTERVAL.days} days "
+            f"({int(MAX_INTERVAL.total_seconds())} s), got {_short_repr(seconds)}; use a cron "
+            "for longer periods",
+            field=name,
+        )
+    return timedelta(seconds=seconds)
+
+
+def _short_repr(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit str() limit
+        return "a number too large to print"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass(frozen=True, kw_only=True)
 class IntervalTrigger:
     """Fires at ``anchor + k * every`` for k >= 0: elapsed time, DST plays no part."""
@@ -348,13 +424,19 @@ class IntervalTrigger:
         after = _require_aware(after, "after")
         if after < self.anchor:
             return self.anchor
-        return self.anchor + ((after - self.anchor) // self.every + 1) * self.every
+        try:
+            return self.anchor + ((after - self.anchor) // self.every + 1) * self.every
+        except OverflowError:  # past year 9999: no further fire time, as for cron
+            return None
 
     def first_at_or_after(self, at: datetime) -> datetime | None:
         at = _require_aware(at, "at")
         if at <= self.anchor:
             return self.anchor
-        return self.anchor + -((self.anchor - at) // self.every) * self.every
+        try:
+            return self.anchor + -((self.anchor - at) // self.every) * self.every
+        except OverflowError:
+            return None
 
 
 @dataclass(frozen=True, kw_only=True)
