@@ -6,6 +6,7 @@ CSRF) and are scoped to the user's tenant like every other admin page.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,14 +38,17 @@ def _local_datetime(text: str, zone: Any, field: str) -> datetime | None:
         return None
     if len(text) == 10:
         text += " 00:00"
-    value = parse_datetime(text.replace("T", " "))
+    try:
+        value = parse_datetime(text.replace("T", " "))
+    except ValueError:  # well formed but impossible, e.g. 2026-02-30
+        value = None
     if value is None:
         raise errors.InvalidTiming(
-            f"{text!r} is not a date and time (YYYY-MM-DD HH:MM)", field=field
+            f"{text[:40]!r} is not a date and time (YYYY-MM-DD HH:MM)", field=field
         )
     if value.tzinfo is None:
         value = value.replace(tzinfo=zone)
-    return value.astimezone(UTC)
+    return timemath.check_instant(value, field)
 
 
 def _trigger(params: Mapping[str, str], now: datetime) -> timemath.Trigger:
@@ -56,14 +60,9 @@ def _trigger(params: Mapping[str, str], now: datetime) -> timemath.Trigger:
         )
     default_zone = dj_timezone.get_current_timezone()
     if kind == ScheduleKind.INTERVAL.value:
-        raw = (params.get("interval_seconds") or "").strip()
-        if not raw.isdigit() or int(raw) < 1:
-            raise errors.InvalidTiming(
-                f"Interval must be a whole number of seconds >= 1, got {raw!r}.",
-                field="interval_seconds",
-            )
+        every = timemath.parse_interval(params.get("interval_seconds") or "", "interval_seconds")
         anchor = _local_datetime(params.get("start_at", ""), default_zone, "start_at") or now
-        return timemath.IntervalTrigger(every=timedelta(seconds=int(raw)), anchor=anchor)
+        return timemath.IntervalTrigger(every=every, anchor=anchor)
     if kind == ScheduleKind.ONE_OFF.value:
         run_at = _local_datetime(params.get("run_at", ""), default_zone, "run_at")
         if run_at is None:
@@ -138,7 +137,13 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
         # Previewing a stored schedule: only one the user can see, with its stored timing.
         from django_app.models import Schedule
 
-        schedule = scope(request, Schedule.objects.all()).filter(pk=schedule_id).first()
+        try:
+            pk = uuid.UUID(schedule_id)
+        except ValueError:
+            return JsonResponse(
+                {"ok": False, "errors": {"schedule": "Not a schedule id."}}, status=400
+            )
+        schedule = scope(request, Schedule.objects.all()).filter(pk=pk).first()
         if schedule is None:
             return JsonResponse({"ok": False, "errors": {"schedule": "Not found."}}, status=404)
         params = {

@@ -17,7 +17,9 @@ DATA_DIR = Path(os.environ.get("CELERY_SCHEDULER_DATA_DIR", BASE_DIR.parent / ".
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-insecure-key")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+# Off unless asked for with DJANGO_DEBUG=1: Django's debug error page shows local variables
+# and querysets, i.e. other tenants' data, to whoever can make a view fail.
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 ALLOWED_HOSTS = ["*"]
 
 INSTALLED_APPS = [

@@ -7,6 +7,7 @@ or deletes them. The only write is a replay of a DEAD occurrence, through the AP
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django.contrib import admin
@@ -293,9 +294,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             return "—"
         return format_html('<pre class="cs-error">{}</pre>', obj.last_error)
 
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> Any:
+    def changelist_extra_context(self, request: HttpRequest) -> dict[str, Any]:
         base = reverse("admin:django_app_occurrence_changelist")
         keep = {k: str(v) for k, v in request.GET.items() if k == "schedule"}
         current = request.GET.get("state__exact")
@@ -318,14 +317,22 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             _("Dead letters") if current == OccurrenceState.DEAD.value else _("Occurrences")
         )
         schedule = None
-        if keep:
+        schedule_id = _uuid_or_none(keep.get("schedule"))
+        if schedule_id is not None:
             schedule = Schedule.objects.filter(
-                pk__in=scoped.values("schedule_id"), pk=keep["schedule"]
+                pk__in=scoped.values("schedule_id"), pk=schedule_id
             ).first()
             if schedule is not None:
                 title = format_html("{} of “{}”", title, schedule.name)
-        extra = {"tabs": tabs, "title": title, "for_schedule": schedule, **(extra_context or {})}
-        return super().changelist_view(request, extra)
+        # A malformed ?schedule= gets no title here; the list itself answers 400 for it.
+        return {"tabs": tabs, "title": title, "for_schedule": schedule}
+
+
+def _uuid_or_none(text: str | None) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text) if text else None
+    except ValueError:
+        return None
 
 
 @admin.register(Attempt)

@@ -375,13 +375,9 @@ class ScheduleAdmin(TenantScopedAdmin):
             ]
         return super().render_change_form(request, context, add, change, form_url, obj)
 
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> Any:
-        extra = {
+    def changelist_extra_context(self, request: HttpRequest) -> dict[str, Any]:
+        return {
             "overview_url": reverse("admin:django_app_overview"),
             "dead_letters_url": reverse("admin:django_app_occurrence_changelist")
             + "?state__exact=DEAD",
-            **(extra_context or {}),
         }
-        return super().changelist_view(request, extra)

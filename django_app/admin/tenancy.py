@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
+from django_app.admin.querystring import SafeChangelistAdmin
 from django_app.models import Tenant, TenantMembership
 
 _CACHE_ATTR = "_scheduler_tenant"
@@ -72,7 +73,7 @@ def has_scope(request: HttpRequest) -> bool:
     return sees_all_tenants(request) or tenant_of(request) is not None
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
+class TenantScopedAdmin(SafeChangelistAdmin):
     """ModelAdmin whose queryset, objects, actions and filters stop at the user's tenant."""
 
     #: ORM path from the model to its Tenant.
@@ -138,7 +139,7 @@ def _valid_pks(model: type[Model], values: list[str]) -> list[Any]:
     return pks
 
 
-class SuperuserOnlyAdmin(admin.ModelAdmin):
+class SuperuserOnlyAdmin(SafeChangelistAdmin):
     """Tenants and memberships decide who sees what, so only superusers manage them."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
