@@ -37,8 +37,10 @@ def test_debug_is_off_unless_asked(env_debug: str | None, expected: str, tmp_pat
 
 def test_admin_static_files_are_served_with_debug_off(client: Any, settings: Any) -> None:
     settings.DEBUG = False
-    response = client.get("/static/admin/css/base.css")
-    assert response.status_code == 200
-    assert b"".join(response.streaming_content)
-    app_css = client.get("/static/django_app/admin.css")
-    assert app_css.status_code == 200
+    for url in ("/static/admin/css/base.css", "/static/django_app/admin.css"):
+        response = client.get(url)
+        try:
+            assert response.status_code == 200, url
+            assert b"".join(response.streaming_content), url
+        finally:
+            response.close()  # a FileResponse holds the file open until closed
