@@ -35,6 +35,7 @@ def test_debug_is_off_unless_asked(env_debug: str | None, expected: str, tmp_pat
     assert _debug_setting(env_debug, tmp_path) == expected
 
 
+@pytest.mark.django_db
 def test_admin_static_files_are_served_with_debug_off(client: Any, settings: Any) -> None:
     settings.DEBUG = False
     for url in ("/static/admin/css/base.css", "/static/django_app/admin.css"):
