@@ -110,10 +110,15 @@ def ago(value: datetime | None) -> SafeString | str:
     """'3 minutes ago', with the exact UTC instant on hover; "never" for None."""
     if value is None:
         return format_html('<span class="cs-muted">{}</span>', "never")
-    from django.utils.timesince import timesince
-
+    seconds = max((datetime.now(UTC) - value).total_seconds(), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            text = f"{int(seconds // size)} {unit}"
+            break
+    else:
+        text = f"{int(seconds)} s"
     return format_html(
         '<span class="cs-time" title="{}">{} ago</span>',
         value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        timesince(value, depth=1),
+        text,
     )

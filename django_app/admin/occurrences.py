@@ -35,6 +35,10 @@ TABS = (
 )
 
 
+#: Tabs whose rows carry an error worth a column.
+ERROR_TABS = (OccurrenceState.DEAD.value, OccurrenceState.RETRY_WAIT.value)
+
+
 class ReadOnlyMixin:
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -91,8 +95,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         "state_column",
         "scheduled_column",
         "lag_column",
-        "attempt_count",
-        "manual_column",
+        "attempts_column",
         "error_column",
         "tenant_column",
     )
@@ -113,7 +116,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
                     "args_block",
                     "kwargs_block",
                     "state_column",
-                    "manual_column",
+                    "trigger_column",
                     "reason",
                 )
             },
@@ -149,11 +152,21 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
     )
     readonly_fields = (
         *("id", "schedule_link", "task_column", "args_block", "kwargs_block", "state_column"),
-        *("manual_column", "reason", "scheduled_column", "available_column", "enqueued_column"),
+        *("trigger_column", "reason", "scheduled_column", "available_column", "enqueued_column"),
         *("started_column", "finished_column", "duration_column", "retry_column", "lag_column"),
         *("attempt_count", "fencing_token", "lease_owner", "lease_expires_column"),
         *("last_error_block", "result"),
     )
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # The error is what a dead-letter or retry view is for; elsewhere it is mostly empty
+        # and only takes width (the list must read at 1,400 px).
+        columns = list(super().get_list_display(request))
+        if request.GET.get("state__exact") in ERROR_TABS:
+            columns.remove("lag_column")  # how late it was sent matters less than why it failed
+        else:
+            columns.remove("error_column")
+        return columns
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         # Replay is the one write on occurrences; it needs the model's change permission
@@ -205,7 +218,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
     @admin.display(description=_("Occurrence"), ordering="id")
     def short_id(self, obj: Occurrence) -> str:
-        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
+        tag = self.manual_column(obj)
+        return format_html('<code title="{}">{}</code> {}', obj.pk, str(obj.pk)[:8], tag)
 
     @admin.display(description=_("Schedule"), ordering="schedule__name")
     def schedule_link(self, obj: Occurrence) -> str:
@@ -236,6 +250,14 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         if obj.manual:
             return format_html('<span class="cs-tag">{}</span>', _("manual"))
         return ""
+
+    @admin.display(description=_("Attempts"), ordering="attempt_count")
+    def attempts_column(self, obj: Occurrence) -> int:
+        return obj.attempt_count
+
+    @admin.display(description=_("Triggered by"))
+    def trigger_column(self, obj: Occurrence) -> str:
+        return str(_("run now (manual)") if obj.manual else _("the schedule"))
 
     @admin.display(description=_("Error"))
     def error_column(self, obj: Occurrence) -> str:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Max, Min, Q
+from django.db.models.functions import Coalesce
 
 from celery_scheduler.core.enums import AttemptOutcome, OccurrenceState
 from django_app.models import Attempt, Occurrence
@@ -25,6 +26,8 @@ FINISHED = (
     OccurrenceState.MISSED.value,
     OccurrenceState.SKIPPED_OVERLAP.value,
 )
+#: When an occurrence ended; rows finished by the reaper or a policy may lack finished_at.
+ENDED = Coalesce("finished_at", "enqueued_at", "scheduled_for")
 FAILED_ATTEMPTS = (AttemptOutcome.FAILED.value, AttemptOutcome.RETRY.value)
 
 
@@ -55,8 +58,8 @@ def summarize(schedules: Iterable[Any]) -> dict[Any, RowSummary]:
         .annotate(
             next_pending=Min("scheduled_for", filter=Q(state=OccurrenceState.SCHEDULED.value)),
             last_finished=Max("scheduled_for", filter=Q(state__in=FINISHED)),
-            last_success=Max("finished_at", filter=Q(state=OccurrenceState.SUCCEEDED.value)),
-            last_dead=Max("finished_at", filter=Q(state=OccurrenceState.DEAD.value)),
+            last_success=Max(ENDED, filter=Q(state=OccurrenceState.SUCCEEDED.value)),
+            last_dead=Max(ENDED, filter=Q(state=OccurrenceState.DEAD.value)),
         )
     }
     last_rows: dict[Any, Any] = {}

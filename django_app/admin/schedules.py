@@ -80,7 +80,6 @@ class ScheduleAdmin(TenantScopedAdmin):
         "last_run_column",
         "outcomes_column",
         "tenant_column",
-        "version",
     )
     list_filter = ("state", "tenant", TaskFilter, "kind", "misfire_policy", "overlap_policy")
     search_fields = ("name", "task")
@@ -188,7 +187,12 @@ class ScheduleAdmin(TenantScopedAdmin):
                 display.badge(obj.state),
                 obj.parked_reason,
             )
-        return display.badge(obj.state)
+        return format_html(
+            '{}<br><small class="cs-muted" title="{}">v{}</small>',
+            display.badge(obj.state),
+            _("version"),
+            obj.version,
+        )
 
     @admin.display(description=_("When"))
     def timing_column(self, obj: Schedule) -> str:
@@ -238,7 +242,7 @@ class ScheduleAdmin(TenantScopedAdmin):
             display.local_and_utc(summary.last_scheduled_for, "UTC"),
         )
 
-    @admin.display(description=_("Last success · last failure"))
+    @admin.display(description=_("Outcomes"))
     def outcomes_column(self, obj: Any) -> str:
         summary = getattr(obj, "run_summary", schedule_summary.RowSummary())
         return format_html(
