@@ -21,6 +21,12 @@ mark. For 500,000 rows due at one instant that is far too late. Here the work mo
    chunk's acceptance time, conditional on ``sent_at IS NULL`` / a publishable state),
    then commit.
 
+**Tenant trigger rate.** Just before step 3, the wave's rate-limited tenants
+(``Tenant.max_trigger_rate``) take their tokens from the shared database budget
+(:mod:`django_app.budget`, one short transaction for the wave); a tenant's rows beyond its
+tokens leave the wave, their claims given back, and go out through the polling path when
+the tenant has tokens again. Tenants without a rate cost nothing here.
+
 "Never mark before the broker accepted" holds durably: the marks are written after the
 publish and only the commit makes them real, so a crash before it rolls them back and the
 same occurrence ids are published again (at-least-once). Lifecycle calls that invalidate
@@ -34,6 +40,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,7 +51,7 @@ from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
-from django_app import conf
+from django_app import budget, conf, tenancy
 from django_app.burst_sql import (
     CLAIM_SQL,
     MARK_OCCURRENCE_SQL,
@@ -172,7 +179,9 @@ class BurstRelay:
                 break
         return RelayReport(held=held)
 
-    def _prepare_rows(self, claimed: list[tuple[int, uuid.UUID, int, datetime]]) -> list[HeldRow]:
+    def _prepare_rows(
+        self, claimed: list[tuple[int, uuid.UUID, int, datetime, int]]
+    ) -> list[HeldRow]:
         started = time.perf_counter()
         by_outbox = {c[0]: c for c in claimed}
         messages: list[OccurrenceMessage] = []
@@ -218,11 +227,13 @@ class BurstRelay:
         self.stats.add("prepare", len(messages), started)
         del messages  # the envelopes are built: only the prepared bytes are held
         instants: dict[datetime, datetime] = {}
+        tenants: dict[int, int] = {}
         rows = []
         for (outbox_id, sver), item in zip(meta, prepared, strict=True):
-            _, occ_id, shard, available_at = by_outbox[outbox_id]
+            _, occ_id, shard, available_at, tenant_id = by_outbox[outbox_id]
             available_at = instants.setdefault(available_at, available_at)
-            rows.append(HeldRow(outbox_id, occ_id, shard, available_at, sver, item))
+            tenant_id = tenants.setdefault(tenant_id, tenant_id)  # one int object per tenant
+            rows.append(HeldRow(outbox_id, occ_id, shard, tenant_id, available_at, sver, item))
         return rows
 
     def _add_rows(self, rows: Iterable[HeldRow]) -> None:
@@ -241,6 +252,7 @@ class BurstRelay:
             if not waves or row.available_at - waves[-1].start > span:
                 waves.append(Wave(start=row.available_at))
             waves[-1].rows.append(row)
+            waves[-1].tenants.add(row.tenant_id)
 
     def _hold_at(self, wave: Wave) -> datetime:
         # Open the wave's transaction early enough to lock all its rows before it is due,
@@ -258,17 +270,62 @@ class BurstRelay:
     # -- 3-5: hold, publish at the instant, mark, commit -------------------------------------
 
     def fire(self, wave: Wave) -> RelayReport:
-        """One transaction for one wave (module docstring, steps 3 to 5)."""
+        """One transaction for one wave (module docstring, steps 3 to 5), after the wave's
+        trigger-rate tokens were taken (:meth:`_take_tokens`)."""
+        rates = budget.trigger_rates(wave.tenants)
+        throttled = 0
+        granted: dict[int, int] = {}
+        if rates:
+            try:
+                wave, granted, throttled = self._take_tokens(wave, rates)
+            except BaseException:
+                self._release_quietly([r.outbox_id for r in wave.rows])
+                raise
         try:
             with transaction.atomic():
-                report, release = self._fire_locked(wave)
+                report, release, sent = self._fire_locked(wave)
         except BaseException:
             self._release_quietly([r.outbox_id for r in wave.rows])
-            raise
+            raise  # (tokens taken for a wave that may be half published are not returned)
         self._release(release)
-        return report
+        if granted:
+            used = Counter(r.tenant_id for r in sent if r.tenant_id in granted)
+            unused = {t: n - used[t] for t, n in granted.items()}
+            budget.give_back_trigger(unused, rates, self.clock.now())
+        return report + RelayReport(throttled=throttled)
 
-    def _fire_locked(self, wave: Wave) -> tuple[RelayReport, list[int]]:
+    def _take_tokens(self, wave: Wave, rates: dict[int, int]) -> tuple[Wave, dict[int, int], int]:
+        """Take the trigger-rate tokens of the wave's rate-limited tenants; returns the wave
+        without the rows over budget (their claims given back at once, for the polling path
+        to publish when the tenant has tokens again), the grants and the rows left.
+
+        In a short transaction of its own, before the wave's: the budget rows are not held
+        locked while the wave waits for its instant, so other relays are not stalled on
+        them. The tokens are taken as of the wave's first due time (the rows are published
+        then or later, never before), and tokens of rows the wave then does not publish
+        (dropped, locked, already sent) are given back after its commit.
+        """
+        wanted: Counter[int] = Counter(r.tenant_id for r in wave.rows if r.tenant_id in rates)
+        at = max(self.clock.now(), wave.start)
+        with transaction.atomic():
+            granted = budget.take_trigger(wanted, rates, at)
+        left = dict(granted)
+        keep: list[HeldRow] = []
+        over: list[HeldRow] = []
+        for row in wave.rows:  # in due order: a tenant's earliest rows go first
+            if row.tenant_id not in rates:
+                keep.append(row)
+            elif left[row.tenant_id] > 0:
+                left[row.tenant_id] -= 1
+                keep.append(row)
+            else:
+                over.append(row)
+        if over:
+            self._release([r.outbox_id for r in over])
+            tenancy.count_throttled(dict(Counter(r.tenant_id for r in over)))
+        return Wave(start=wave.start, rows=keep, tenants=wave.tenants), granted, len(over)
+
+    def _fire_locked(self, wave: Wave) -> tuple[RelayReport, list[int], list[HeldRow]]:
         started = time.perf_counter()
         opened = self.clock.now()
         lost = self._fence({r.shard for r in wave.rows})
@@ -307,14 +364,18 @@ class BurstRelay:
         fault_point("relay.before_mark")
         marked = self._mark(accepted)
         self._log_wave(wave, opened=opened, locked=locked_at, accepted=accepted)
-        return RelayReport(
-            claimed=len(wave.rows),
-            published=len(send),
-            marked=marked,
-            dropped=len(drop),
-            invalidated=invalidated,
-            locked=len(release) - fenced,
-        ), release
+        return (
+            RelayReport(
+                claimed=len(wave.rows),
+                published=len(send),
+                marked=marked,
+                dropped=len(drop),
+                invalidated=invalidated,
+                locked=len(release) - fenced,
+            ),
+            release,
+            send,
+        )
 
     def _log_wave(
         self,

@@ -23,6 +23,7 @@ class HeldRow:
     outbox_id: int
     occurrence_id: uuid.UUID
     shard: int
+    tenant_id: int
     available_at: datetime
     schedule_version: int  # the schedule's version the message was built from
     prepared: Any  # PreparedMessage (fast publisher) or OccurrenceMessage
@@ -32,6 +33,8 @@ class HeldRow:
 class Wave:
     start: datetime
     rows: list[HeldRow] = field(default_factory=list)
+    #: The tenants with rows in the wave (kept while adding rows, not scanned at the hold).
+    tenants: set[int] = field(default_factory=set)
 
 
 def due(row: HeldRow) -> datetime:
@@ -80,7 +83,7 @@ WHERE id IN (
     WHERE sent_at IS NULL AND available_at > %(now)s AND available_at <= %(until)s {shards}
       AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
     ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING id, occurrence_id, shard, available_at
+RETURNING id, occurrence_id, shard, available_at, tenant_id
 """
 READ_SQL = """
 SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,

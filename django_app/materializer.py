@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +28,7 @@ from celery_scheduler.core.reports import Summable
 from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
-from django_app import conf
+from django_app import budget, conf
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -137,7 +137,6 @@ def materialize_due(
         due = due.filter(shard__in=list(shards))
     due = due.select_related("tenant").order_by("next_run_at", "id")
     report = MaterializeReport()
-    releases: dict[int, datetime] = {}
     lost: set[int] = set()
     last: tuple[datetime, uuid.UUID] | None = None
     oldest: datetime | None = None
@@ -156,7 +155,6 @@ def materialize_due(
                 now=now,
                 until=until,
                 fencing_token=fencing.get(schedule.shard),
-                releases=releases,
                 max_missed=cfg.max_missed_per_pass,
             )
             if one.fenced:
@@ -190,7 +188,6 @@ def _materialize_one(
     now: datetime,
     until: datetime,
     fencing_token: int | None,
-    releases: dict[int, datetime],
     max_missed: int,
 ) -> MaterializeReport:
     """One transaction for one due schedule; returns its counts.
@@ -198,7 +195,8 @@ def _materialize_one(
     Inside the transaction, in this order: the fencing check (if a token is given: a no-op
     ``UPDATE shard_lease ... WHERE shard=.. AND fencing_token=..`` that must match one row
     and holds the lease row lock until commit, so a new owner's token bump waits for us);
-    fault point ``materialize.before_insert``; the firing occurrences and the MISSED ones,
+    fault point ``materialize.before_insert``; the tenant's catch-up slots for the late
+    firing times (:func:`reserve_catchup`); the firing occurrences and the MISSED ones,
     each ``ON CONFLICT DO NOTHING``; one outbox row per firing occurrence this transaction
     created; then ``UPDATE schedule SET next_run_at=<new> [, state=COMPLETED] WHERE id=..
     AND version=<read> AND next_run_at=<read> AND state='ACTIVE'``. If that matches no row
@@ -232,6 +230,7 @@ def _materialize_one(
             if fencing_token is not None:
                 _check_fence(schedule.shard, fencing_token)
             fault_point("materialize.before_insert")
+            releases = reserve_catchup([(schedule, plan)], now=now)
             fire_rows = _fire_rows(schedule, plan, now=now, releases=releases)
             created = _insert_ignore(Occurrence, fire_rows)
             missed_rows = _missed_rows(schedule, plan, now=now)
@@ -382,21 +381,46 @@ def _base_row(schedule: Schedule, t: datetime, *, now: datetime) -> dict[str, An
     }
 
 
+def _catchup_rate(schedule: Schedule) -> int:
+    """The tenant's catch-up rate (per minute) if it applies to this schedule, else 0."""
+    if schedule.misfire_policy != MisfirePolicy.CATCH_UP.value:
+        return 0
+    return int(schedule.tenant.catchup_rate or 0)
+
+
+def reserve_catchup(
+    planned: Iterable[tuple[Schedule, PassPlan]], *, now: datetime
+) -> dict[int, datetime]:
+    """Reserve the tenants' catch-up slots for the late firing times of ``planned``.
+
+    One locked budget read-and-update for all tenants of the transaction
+    (:func:`django_app.budget.reserve_catchup`); returns tenant -> first slot, which
+    :func:`_fire_rows` hands out in order. Slots are the tenant's across every shard and
+    node: a transaction that rolls back gives them back.
+    """
+    wanted: dict[int, tuple[int, int]] = {}
+    for schedule, plan in planned:
+        rate = _catchup_rate(schedule)
+        late = sum(t in plan.late for t in plan.fire) if rate else 0
+        if late:
+            k = wanted.get(schedule.tenant_id, (rate, 0))[1]
+            wanted[schedule.tenant_id] = (rate, k + late)
+    return budget.reserve_catchup(wanted, now)
+
+
 def _fire_rows(
     schedule: Schedule, plan: PassPlan, *, now: datetime, releases: dict[int, datetime]
 ) -> list[dict[str, Any]]:
-    rate = schedule.tenant.catchup_rate
-    if schedule.misfire_policy != MisfirePolicy.CATCH_UP.value:
-        rate = None
+    """Rows of the firing occurrences; late ones of a CATCH_UP schedule whose tenant has a
+    ``catchup_rate`` take the next of the slots reserved in ``releases`` (tenant -> next)."""
+    rate = _catchup_rate(schedule)
     rows = []
     for t in plan.fire:
         row = _base_row(schedule, t, now=now)
         at = ids.available_at(row["id"], t, schedule.flexible_window_seconds)
         if rate and t in plan.late:
-            # The tenant's catch-up rate: late occurrences are released one per 60/rate s,
-            # shared by all of the tenant's schedules in this call.
-            slot = max(releases.get(schedule.tenant_id, now), now)
-            releases[schedule.tenant_id] = slot + timedelta(seconds=60 / rate)
+            slot = releases[schedule.tenant_id]
+            releases[schedule.tenant_id] = slot + budget.catchup_interval(rate)
             at = max(at, slot)
         row.update(available_at=at, state=OccurrenceState.SCHEDULED.value)
         rows.append(row)

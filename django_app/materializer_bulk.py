@@ -8,7 +8,9 @@ plans), with the per-schedule round trips replaced by a handful of statements pe
    (which lock the same rows) serialise with the batch instead of racing it;
 2. the fencing check: the batch's shard lease rows are locked in shard order and their
    tokens compared; schedules of a shard whose token moved on are left untouched;
-3. fault point ``materialize.before_insert`` (once per batch);
+3. fault point ``materialize.before_insert`` (once per batch); the catch-up slots of the
+   batch's tenants, reserved in one locked budget read-and-update
+   (:func:`django_app.materializer.reserve_catchup`);
 4. the firing and MISSED occurrences, ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
    NOTHING RETURNING id`` in chunks; one outbox INSERT for the created firing ids;
 5. ``UPDATE schedule ... FROM unnest(...) WHERE id, version, next_run_at, state`` match what
@@ -90,7 +92,6 @@ def materialize_due_bulk(
         due = due.filter(shard__in=list(shards))
     due = due.select_related("tenant").order_by("next_run_at", "id")
     report = single.MaterializeReport()
-    releases: dict[int, datetime] = {}
     lost: set[int] = set()
     last: tuple[datetime, uuid.UUID] | None = None
     oldest: datetime | None = None
@@ -104,7 +105,6 @@ def materialize_due_bulk(
             now=now,
             until=until,
             fencing=fencing,
-            releases=releases,
             lost=lost,
             max_missed=cfg.max_missed_per_pass,
         )
@@ -128,12 +128,10 @@ def _batch(
     now: datetime,
     until: datetime,
     fencing: dict[int, int],
-    releases: dict[int, datetime],
     lost: set[int],
     max_missed: int,
 ) -> tuple[single.MaterializeReport, list[Schedule]]:
     """One batch transaction; returns its counts and the schedules it read (for paging)."""
-    saved_releases = dict(releases)
     read: list[Schedule] = []
     parked: list[tuple[Schedule, str, Exception]] = []
     try:
@@ -144,15 +142,13 @@ def _batch(
                 now=now,
                 until=until,
                 fencing=fencing,
-                releases=releases,
                 lost=lost,
                 max_missed=max_missed,
                 parked=parked,
             )
     except _BatchRejected:
+        # The batch rolled back, its catch-up slots with it: each schedule reserves anew.
         logger.warning("bulk materializer: a batch's cursors moved; per-schedule fallback")
-        releases.clear()
-        releases.update(saved_releases)
         report = single.MaterializeReport()
         for schedule in read:
             if schedule.shard in lost:
@@ -162,7 +158,6 @@ def _batch(
                 now=now,
                 until=until,
                 fencing_token=fencing.get(schedule.shard),
-                releases=releases,
                 max_missed=max_missed,
             )
             if one.fenced:
@@ -181,7 +176,6 @@ def _write_batch(
     now: datetime,
     until: datetime,
     fencing: dict[int, int],
-    releases: dict[int, datetime],
     lost: set[int],
     max_missed: int,
     parked: list[tuple[Schedule, str, Exception]],
@@ -213,6 +207,8 @@ def _write_batch(
             schedules_seen=seen, invalid=invalid, parked=len(parked), fenced=len(fenced)
         )
     fault_point("materialize.before_insert")
+    # The batch's catch-up slots, for every tenant at once (one budget UPDATE per batch).
+    releases = single.reserve_catchup(((p.schedule, p.plan) for p in planned), now=now)
     fire_rows: list[dict[str, Any]] = []
     missed_rows: list[dict[str, Any]] = []
     owner: dict[uuid.UUID, Schedule] = {}

@@ -59,6 +59,33 @@ class Tenant(models.Model):
         return self.slug
 
 
+class TenantBudget(models.Model):
+    """A tenant's rate budget of one kind, shared by every shard, beat and relay process.
+
+    ``trigger`` (``Tenant.max_trigger_rate``): a token bucket; ``tokens`` is what was left at
+    ``at``, refilled at the rate per second since then (at most one second of burst).
+    ``catchup`` (``Tenant.catchup_rate``): ``at`` is the tenant's next free release slot for
+    a late occurrence (``tokens`` unused). Read and written under a row lock by
+    :mod:`django_app.budget`, one statement for every tenant of a batch.
+    """
+
+    TRIGGER = "trigger"
+    CATCHUP = "catchup"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
+    kind = models.CharField(max_length=16, choices=[(TRIGGER, "Trigger"), (CATCHUP, "Catch-up")])
+    tokens = models.FloatField(default=0.0)
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "kind"], name="tenant_budget_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.kind}"
+
+
 class TenantMembership(models.Model):
     """Ties a staff user to the one tenant whose schedules they may see and change."""
 

@@ -10,15 +10,18 @@ locks ``size`` of them in fair order with ``FOR UPDATE OF o SKIP LOCKED`` (re-ch
 ``sent_at`` and the claim under the lock). Concurrent relays therefore still get disjoint
 batches, as long as fewer than ``POOL_FACTOR`` of them race for the same rows. The window
 sorts every due row once per batch: O(due rows) per batch, fine for a backlog of some
-tens of thousands. The burst relay (``burst_relay=1``) claims with its own query and
-applies neither fairness nor the trigger rate yet.
+tens of thousands. The burst relay (``burst_relay=1``) claims with its own query, in
+time/priority order rather than fair order.
 
-**Trigger rate** (:func:`throttle`): ``Tenant.max_trigger_rate`` messages a second, as a
-token bucket *per relay process* (so N relay processes publish at most N x the rate; one
-second of burst). Rows beyond it are left unpublished for a later pass (their claim is
-given back, ``available_at`` is unchanged so the tenant's own order holds), counted in
+**Trigger rate** (:func:`throttle`): ``Tenant.max_trigger_rate`` messages a second for the
+tenant as a whole, whatever the number of relay processes and shards: a token bucket in the
+database (:mod:`django_app.budget`, one second of burst) taken for the batch's tenants in one
+locked read-and-update inside the batch's transaction (a rolled-back batch takes nothing).
+Rows beyond it are left unpublished for a later pass (their claim is given back,
+``available_at`` is unchanged so the tenant's own order holds), counted in
 ``tenant_throttled_total{tenant}`` once per pass that leaves them, and a tenant with an
-empty bucket is left out of the next selections so it takes no batch space.
+empty bucket is left out of the next selections so it takes no batch space. The burst relay
+takes its wave's tokens the same way (:mod:`django_app.burst`).
 
 **Running concurrency** (:func:`running_quota_full`): ``Tenant.max_running``, checked in the
 worker's claim transaction under a row lock on the tenant; a claim beyond it is deferred
@@ -43,15 +46,12 @@ from django.db.models.functions import Cast, Greatest, RowNumber
 
 from celery_scheduler import metrics
 from celery_scheduler.core.enums import OccurrenceState
-from celery_scheduler.core.fairness import RateLimiter
+from django_app import budget
 from django_app.models import Occurrence, OutboxEntry, Tenant
 
 #: The ranked sub-select holds this many batches, so that many racing relays (PostgreSQL)
 #: can each lock a full batch while skipping the rows the others hold.
 POOL_FACTOR = 4
-
-#: Trigger-rate buckets of this process, by tenant id.
-LIMITER: RateLimiter[int] = RateLimiter()
 
 _OUTER_LOCK_SQL = """
 SELECT o.id FROM django_app_outboxentry o JOIN ({ranked}) r ON r.id = o.id
@@ -103,7 +103,7 @@ def take_fair_batch(
 
 def without_exhausted(rows: QuerySet[OutboxEntry], now: datetime) -> QuerySet[OutboxEntry]:
     """Leave out tenants whose trigger-rate bucket is empty at ``now``."""
-    exhausted = LIMITER.exhausted(now)
+    exhausted = budget.exhausted_trigger(now)
     return rows.exclude(tenant_id__in=sorted(exhausted)) if exhausted else rows
 
 
@@ -116,26 +116,30 @@ def throttle(rows: Iterable[OutboxEntry], now: datetime) -> set[int]:
     by_tenant: dict[int, list[OutboxEntry]] = {}
     for row in rows:
         by_tenant.setdefault(row.tenant_id, []).append(row)
-    limits = dict(
-        Tenant.objects.filter(id__in=list(by_tenant), max_trigger_rate__gt=0).values_list(
-            "id", "max_trigger_rate"
-        )
-    )
+    limits = budget.trigger_rates(by_tenant)
+    if not limits:
+        return set()
+    granted = budget.take_trigger({t: len(by_tenant[t]) for t in limits}, limits, now)
     waiting: set[int] = set()
     counts: dict[int, int] = {}
-    for tenant_id, own in by_tenant.items():
-        granted = LIMITER.admit(tenant_id, limits.get(tenant_id), len(own), now)
-        if granted < len(own):
-            waiting.update(row.id for row in own[granted:])
-            counts[tenant_id] = len(own) - granted
+    for tenant_id in limits:
+        own = by_tenant[tenant_id]
+        if granted[tenant_id] < len(own):
+            waiting.update(row.id for row in own[granted[tenant_id] :])
+            counts[tenant_id] = len(own) - granted[tenant_id]
     if waiting:
         OutboxEntry.objects.filter(id__in=waiting, sent_at__isnull=True).update(
             claimed_by="", claim_expires_at=None
         )
-        names = dict(Tenant.objects.filter(id__in=list(counts)).values_list("id", "slug"))
-        for tenant_id, n in counts.items():
-            metrics.inc("tenant_throttled_total", n, tenant=names.get(tenant_id, str(tenant_id)))
+        count_throttled(counts)
     return waiting
+
+
+def count_throttled(counts: dict[int, int]) -> None:
+    """``tenant_throttled_total{tenant}`` for rows left by the trigger rate, by tenant id."""
+    names = dict(Tenant.objects.filter(id__in=list(counts)).values_list("id", "slug"))
+    for tenant_id, n in counts.items():
+        metrics.inc("tenant_throttled_total", n, tenant=names.get(tenant_id, str(tenant_id)))
 
 
 def running_quota_full(tenant_id: int, occurrence_id: uuid.UUID, now: datetime) -> str:

@@ -14,15 +14,15 @@ to ``available_at, -priority, id`` (``id`` is unique, so the order is total).
 heap merge over per-tenant queues that only looks at ``size`` rows; the tests check that
 they agree.
 
-**Trigger-rate buckets.** :class:`RateLimiter` keeps a token bucket per tenant: ``rate``
-tokens a second, at most ``rate`` stored (one second of burst), full at first sight.
+**Trigger-rate buckets.** :class:`Bucket` is the arithmetic of a tenant's token bucket:
+``rate`` tokens a second, at most ``rate`` stored (one second of burst), full at first
+sight. The state lives in the database (:mod:`django_app.budget`), shared by every relay.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -95,56 +95,34 @@ def next_batch(
     return batch
 
 
-@dataclass(slots=True)
-class _Bucket:
-    rate: int
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A token bucket's state: ``tokens`` left at ``at`` (the rate is passed on each use,
+    so a changed quota applies at once)."""
+
     tokens: float
     at: datetime
 
-    def refill(self, now: datetime) -> None:
-        # A clock that steps back refills nothing rather than draining the bucket.
+    @classmethod
+    def full(cls, rate: int, now: datetime) -> Bucket:
+        """A tenant's bucket at first sight: one second of burst."""
+        return cls(tokens=float(rate), at=now)
+
+    def refilled(self, rate: int, now: datetime) -> Bucket:
+        """The bucket at ``now``: ``rate`` tokens a second, at most ``rate`` stored.
+
+        A clock that steps back (another node's, or this one's) refills nothing rather than
+        draining the bucket, and never moves ``at`` back.
+        """
         elapsed = max((now - self.at).total_seconds(), 0.0)
-        self.tokens = min(float(self.rate), self.tokens + elapsed * self.rate)
-        self.at = max(now, self.at)
+        return Bucket(tokens=min(float(rate), self.tokens + elapsed * rate), at=max(now, self.at))
 
+    def take(self, rate: int, wanted: int, now: datetime) -> tuple[int, Bucket]:
+        """Take up to ``wanted`` whole tokens at ``now``; returns (granted, new state)."""
+        bucket = self.refilled(rate, now)
+        granted = max(min(wanted, math.floor(bucket.tokens)), 0)
+        return granted, Bucket(tokens=bucket.tokens - granted, at=bucket.at)
 
-class RateLimiter(Generic[T]):
-    """Token buckets per tenant, safe to share between threads of one process.
-
-    ``rate`` (messages per second) is passed on each call so a changed quota applies at
-    once; ``None`` or ``0`` means no limit for that tenant.
-    """
-
-    def __init__(self) -> None:
-        self._buckets: dict[T, _Bucket] = {}
-        self._lock = threading.Lock()
-
-    def admit(self, tenant: T, rate: int | None, wanted: int, now: datetime) -> int:
-        """Take up to ``wanted`` tokens; returns how many rows may be published now."""
-        if not rate:
-            with self._lock:
-                self._buckets.pop(tenant, None)
-            return wanted
-        with self._lock:
-            bucket = self._buckets.get(tenant)
-            if bucket is None:
-                bucket = self._buckets[tenant] = _Bucket(rate=rate, tokens=float(rate), at=now)
-            bucket.rate = rate
-            bucket.refill(now)
-            granted = min(wanted, math.floor(bucket.tokens))
-            bucket.tokens -= granted
-            return granted
-
-    def exhausted(self, now: datetime) -> set[T]:
-        """Tenants that could not publish a single row at ``now``."""
-        with self._lock:
-            out = set()
-            for tenant, bucket in self._buckets.items():
-                bucket.refill(now)
-                if bucket.tokens < 1:
-                    out.add(tenant)
-            return out
-
-    def reset(self) -> None:
-        with self._lock:
-            self._buckets.clear()
+    def give_back(self, rate: int, count: int) -> Bucket:
+        """Return ``count`` unused tokens (never above the one-second cap)."""
+        return Bucket(tokens=min(float(rate), self.tokens + count), at=self.at)

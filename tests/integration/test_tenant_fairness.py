@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,13 +27,6 @@ from django_app.relay import LookaheadRelay, _due_rows, relay_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fresh_buckets() -> Iterator[None]:
-    tenancy.LIMITER.reset()
-    yield
-    tenancy.LIMITER.reset()
 
 
 def seed(tenant: Tenant, times: Sequence[datetime], priorities: Sequence[int] = ()) -> list[int]:

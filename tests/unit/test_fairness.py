@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_scheduler.core.fairness import DueRow, RateLimiter, fair_order, next_batch
+from celery_scheduler.core.fairness import Bucket, DueRow, fair_order, next_batch
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -86,22 +86,32 @@ def test_weights_split_a_contended_batch() -> None:
 
 
 def test_bucket_admits_its_rate_then_refills_with_time() -> None:
-    limiter: RateLimiter[str] = RateLimiter()
-    assert limiter.admit("a", 10, 25, T0) == 10
-    assert limiter.admit("a", 10, 5, T0) == 0
-    assert limiter.exhausted(T0) == {"a"}
-    assert limiter.admit("a", 10, 5, T0 + timedelta(seconds=0.35)) == 3
-    assert limiter.admit("a", 10, 50, T0 + timedelta(seconds=10)) == 10  # burst capped at 1 s
-    assert limiter.admit("b", None, 1000, T0) == 1000
-    assert limiter.exhausted(T0 + timedelta(seconds=10)) == {"a"}
-    assert limiter.exhausted(T0 + timedelta(seconds=11)) == set()
+    bucket = Bucket.full(10, T0)
+    granted, bucket = bucket.take(10, 25, T0)
+    assert granted == 10
+    granted, bucket = bucket.take(10, 5, T0)
+    assert granted == 0
+    assert bucket.refilled(10, T0).tokens < 1  # exhausted
+    granted, bucket = bucket.take(10, 5, T0 + timedelta(seconds=0.35))
+    assert granted == 3
+    granted, bucket = bucket.take(10, 50, T0 + timedelta(seconds=10))
+    assert granted == 10  # burst capped at 1 s
+    assert bucket.refilled(10, T0 + timedelta(seconds=10)).tokens < 1
+    assert bucket.refilled(10, T0 + timedelta(seconds=11)).tokens >= 1
 
 
 def test_bucket_ignores_a_clock_stepping_back() -> None:
-    limiter: RateLimiter[str] = RateLimiter()
-    assert limiter.admit("a", 5, 5, T0) == 5
-    assert limiter.admit("a", 5, 5, T0 - timedelta(hours=1)) == 0
-    assert limiter.admit("a", 5, 5, T0 + timedelta(seconds=1)) == 5
+    granted, bucket = Bucket.full(5, T0).take(5, 5, T0)
+    assert granted == 5
+    granted, bucket = bucket.take(5, 5, T0 - timedelta(hours=1))
+    assert (granted, bucket.at) == (0, T0)
+    granted, bucket = bucket.take(5, 5, T0 + timedelta(seconds=1))
+    assert granted == 5
+
+
+def test_unused_tokens_go_back_up_to_the_cap() -> None:
+    granted, bucket = Bucket.full(4, T0).take(4, 3, T0)
+    assert (granted, bucket.give_back(4, 2).tokens, bucket.give_back(4, 9).tokens) == (3, 3, 4)
 
 
 @given(
@@ -112,12 +122,11 @@ def test_bucket_ignores_a_clock_stepping_back() -> None:
 def test_bucket_never_exceeds_rate_times_window_plus_burst(
     rate: int, calls: list[tuple[int, int]]
 ) -> None:
-    limiter: RateLimiter[str] = RateLimiter()
+    bucket = Bucket.full(rate, T0)
     admitted = []
     for offset_ms, wanted in sorted(calls):
-        admitted.append(
-            (offset_ms, limiter.admit("a", rate, wanted, T0 + timedelta(milliseconds=offset_ms)))
-        )
+        granted, bucket = bucket.take(rate, wanted, T0 + timedelta(milliseconds=offset_ms))
+        admitted.append((offset_ms, granted))
     for start, _ in admitted:
         for end, _ in admitted:
             if end >= start:
