@@ -7,6 +7,7 @@ the embedded default or PostgreSQL + Redis with the same code.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -102,6 +103,9 @@ CELERY_SCHEDULER = {
     )
     if value
 }
+# Any further settings as JSON, e.g. CELERY_SCHEDULER_SETTINGS='{"lease_seconds": 6}' (the
+# chaos soak uses it to give its subprocesses short leases).
+CELERY_SCHEDULER.update(json.loads(os.environ.get("CELERY_SCHEDULER_SETTINGS") or "{}"))
 
 # One handler, on the root logger: the scheduler's INFO lines propagate to it once. (A handler
 # on the "celery_scheduler" logger itself printed every line twice under celery, whose own

@@ -1,0 +1,83 @@
+"""The chaos soak's business task, written as a user would: ``@idempotent_task``.
+
+Its effect is one row in ``chaos.effect`` (see :mod:`tests.chaos.effects`), inserted in the
+same transaction as the idempotency record. The row says which occurrence ran (id, schedule,
+version and scheduled_for as the worker received them in the message), for which tenant,
+when the message was delivered to the worker (``task_prerun`` of the wrapper: a lower bound
+of the claim), when the body started and ended, and in which process.
+
+Bodies sleep ``duration``, or ``long`` for one fire time in five (overlap and caps).
+"Poison" schedules fail permanently (``ValueError`` -> DEAD) for a deterministic third of
+their fire times until the driver cures that time and replays the occurrence.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from celery import current_app
+from celery.signals import task_prerun
+from django.db import connection
+
+from celery_scheduler import idempotent_task
+from celery_scheduler.tasks import current_occurrence_id
+from tests.chaos.effects import SCHEMA
+from tests.chaos.fate import is_poisoned, runs_long
+
+WRAPPER = "celery_scheduler.run_occurrence"
+#: Delivery time of each wrapper message this process started, by task id (= occurrence id).
+_delivered: dict[str, datetime] = {}
+
+
+@task_prerun.connect(weak=False)
+def _on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    if getattr(sender, "name", None) == WRAPPER and task_id:
+        _delivered[str(task_id)] = datetime.now(UTC)
+
+
+@idempotent_task(name="chaos.effect")
+def effect(
+    label: str, tenant: str, duration: float, poison: bool = False, long: float = 0.0
+) -> dict[str, Any]:
+    started = datetime.now(UTC)
+    occurrence_id = current_occurrence_id()
+    # The wrapper's own request (still on its stack while it runs our body) carries what
+    # the worker was told to run; the scheduler's tables are not consulted.
+    message = current_app.tasks[WRAPPER].request.kwargs or {}
+    schedule_id = message.get("schedule_id")
+    version = message.get("schedule_version")
+    scheduled_for = message.get("scheduled_for")
+    if not (occurrence_id and schedule_id and version is not None and scheduled_for):
+        raise RuntimeError(f"chaos.effect ran outside a scheduled occurrence: {message!r}")
+    with connection.cursor() as cursor:
+        if poison and is_poisoned(schedule_id, scheduled_for):
+            cursor.execute(
+                f"SELECT 1 FROM {SCHEMA}.cured WHERE schedule_id = %s AND scheduled_for = %s",
+                [schedule_id, scheduled_for],
+            )
+            if cursor.fetchone() is None:
+                raise ValueError(f"poisoned fire time {scheduled_for} of {label}")
+        # Overlap and caps need bodies that outlast the next trigger, but a solo worker
+        # sleeping is a worker lost: only some fire times run long.
+        time.sleep(long if long and runs_long(schedule_id, scheduled_for) else duration)
+        cursor.execute(
+            f"INSERT INTO {SCHEMA}.effect (occurrence_id, schedule_id, version, scheduled_for,"
+            " label, tenant, delivered_at, started_at, ended_at, pid)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                occurrence_id,
+                schedule_id,
+                version,
+                scheduled_for,
+                label,
+                tenant,
+                _delivered.pop(occurrence_id, None),
+                started,
+                datetime.now(UTC),
+                os.getpid(),
+            ],
+        )
+    return {"pid": os.getpid()}

@@ -1,0 +1,161 @@
+"""The chaos judge on hand-made histories: each broken promise is caught, a clean run passes.
+
+Pure (no database, no processes): the judge must be able to fail before its verdict on a
+real soak means anything.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery_scheduler.core import ids
+from tests.chaos.effects import Effect
+from tests.chaos.judge import JudgeConfig, Verdict, judge
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+SID = str(uuid.UUID(int=7))
+END = T0 + timedelta(minutes=5)
+CFG = JudgeConfig(
+    judge_from=T0, judge_to=END - timedelta(seconds=30), occurrence_lease=6, claim_bound=20
+)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def create(**extra: Any) -> dict[str, Any]:
+    record = {
+        "type": "create",
+        "key": "s000",
+        "tenant": "acme",
+        "ok": True,
+        "schedule_id": SID,
+        "version": 1,
+        "state": "ACTIVE",
+        "start": at(-2),
+        "end": at(-1.9),
+        "window": 0,
+        "timing": {"interval": 10, "start_at": T0},
+        "overlap_policy": "ALLOW",
+        "concurrency_limit": None,
+        "concurrency_group": "",
+        "max_lateness": None,
+    }
+    record.update(extra)
+    return record
+
+
+def call(op: str, start: float, version: int, state: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "call",
+        "op": op,
+        "key": "s000",
+        "schedule_id": SID,
+        "ok": True,
+        "start": at(start),
+        "end": at(start + 0.05),
+        "version": version,
+        "state": state,
+        "changed": True,
+        **extra,
+    }
+
+
+def effect(
+    t: float,
+    *,
+    version: int = 1,
+    delay: float = 0.2,
+    run: float = 0.1,
+    pid: int = 100,
+    sid: str = SID,
+) -> Effect:
+    when = at(t)
+    return Effect(
+        occurrence_id=str(ids.occurrence_id(sid, version, when)),
+        schedule_id=sid,
+        version=version,
+        scheduled_for=when,
+        label="s000",
+        tenant="acme",
+        delivered_at=when + timedelta(seconds=delay),
+        started_at=when + timedelta(seconds=delay),
+        ended_at=when + timedelta(seconds=delay + run),
+        pid=pid,
+    )
+
+
+def every(lo: float, hi: float, **kw: Any) -> list[Effect]:
+    return [effect(t, **kw) for t in range(int(lo), int(hi), 10)]
+
+
+def verdict(history: list[dict[str, Any]], effects: list[Effect]) -> Verdict:
+    return judge(history, effects, CFG, end=END)
+
+
+def kinds(v: Verdict) -> dict[str, int]:
+    return v.by_kind()
+
+
+def test_a_clean_run_has_no_violations() -> None:
+    v = verdict([create()], every(0, 300))
+    assert kinds(v) == {}
+    assert v.counts["must_run"] >= 20
+
+
+def test_a_fire_time_run_twice_is_a_duplicate() -> None:
+    effects = every(0, 60) + every(60, 300, version=2)
+    effects.append(effect(50, version=2, delay=30))  # 12:00:50 re-run under the new version
+    assert kinds(verdict([create(), call("update", 60, 2, "ACTIVE")], effects)) == {"duplicate": 1}
+
+
+def test_a_fire_time_that_never_ran_is_lost() -> None:
+    effects = [e for e in every(0, 300) if e.scheduled_for != at(120)]
+    v = verdict([create()], effects)
+    assert kinds(v) == {"lost": 1}
+    assert "12:02:00" in v.violations[0].what
+
+
+def test_a_body_started_before_its_time_is_early() -> None:
+    effects = every(0, 300)
+    effects[5] = effect(50, delay=-0.5)
+    assert kinds(verdict([create()], effects)) == {"early": 1}
+
+
+def test_a_claim_after_the_version_was_invalidated_is_caught() -> None:
+    history = [create(), call("update", 100, 2, "ACTIVE", change="rename")]
+    effects = [e for e in every(0, 100) if e.scheduled_for != at(90)]
+    effects.append(effect(90, delay=11))  # v1, delivered at 12:01:41: after the rename
+    effects += every(100, 300, version=2)
+    assert kinds(verdict(history, effects)) == {"after_invalidation": 1}
+
+
+def test_a_paused_schedule_that_runs_is_caught_and_resume_must_replan() -> None:
+    history = [create(), call("pause", 101, 2, "PAUSED"), call("resume", 205, 3, "ACTIVE")]
+    effects = [e for e in every(0, 300) if e.scheduled_for < at(100)]
+    effects.append(effect(150))  # ran while paused, long after the pause
+    # nothing after the resume: the next fire times are lost
+    v = verdict(history, effects)
+    assert kinds(v).get("lost", 0) >= 3
+    assert "after_invalidation" in kinds(v) or "never_planned" in kinds(v)
+
+
+def test_a_cap_exceeded_is_caught_unless_a_body_was_stalled_past_its_lease() -> None:
+    history = [create(concurrency_limit=1)]
+    effects = every(0, 300, run=0.5)
+    effects[3] = effect(30, run=15, pid=200)  # overlaps 12:00:40 on another worker
+    assert kinds(verdict(history, effects)) == {"cap_exceeded": 1}
+    stall = {
+        "type": "fault_end",
+        "kind": "worker_stall",
+        "target": "worker1",
+        "pid": 200,
+        "start": at(31),
+        "end": at(42),
+    }
+    v = verdict([*history, stall], effects)
+    assert kinds(v) == {}
+    assert len(v.excused) == 1
