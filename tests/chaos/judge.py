@@ -323,7 +323,10 @@ def judge(
 ) -> Verdict:
     verdict = Verdict()
     scheds = build(history, end)
-    lags = observed_lags(effects, scheds, cfg.claim_bound)
+    replayed = {
+        str(r.get("occurrence_id")) for r in history if r["type"] == "call" and r["op"] == "replay"
+    }
+    lags = observed_lags(effects, scheds, replayed, cfg.claim_bound)
     # A system lagging at the end cannot be asked to have run what it was still catching up on.
     tail = lags.around(end, before=60, after=0, floor=0)
     cfg = replace(cfg, judge_to=min(cfg.judge_to, end - timedelta(seconds=tail)))
@@ -576,11 +579,18 @@ def judge(
     return verdict
 
 
-def observed_lags(effects: list[Effect], scheds: dict[str, Sched], floor: float) -> Lags:
+def observed_lags(
+    effects: list[Effect], scheds: dict[str, Sched], replayed: set[str], floor: float
+) -> Lags:
+    """Queueing lags of ordinary runs: not replays, cap or overlap waits (they wait by design)."""
     points = []
     for e in effects:
         s = scheds.get(e.schedule_id)
         if s is None or e.delivered_at is None or e.version not in s.versions:
+            continue
+        if e.occurrence_id in replayed or s.create.get("concurrency_limit"):
+            continue
+        if s.create.get("overlap_policy", "ALLOW") != "ALLOW":
             continue
         available = ids.available_at(e.occurrence_id, e.scheduled_for, s.versions[e.version][0])
         points.append((e.delivered_at, max(0.0, (e.delivered_at - available).total_seconds())))

@@ -130,6 +130,9 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     exit_code, report = run_reconcile(cfg, settings, judge_from, judge_to)
     with connection.cursor() as cursor:
         effects = effect_log.read(cursor)
+    with (cfg.log_dir / "effects.jsonl").open("w") as out:
+        for e in effects:
+            out.write(json.dumps(e.__dict__, default=str) + "\n")
     verdict = judge(
         history.records,
         effects,

@@ -42,5 +42,5 @@ def test_short_chaos_soak_has_no_violations(settings: Any, redis_url: str, tmp_p
     result = run_soak(cfg)
     assert not result.driver_errors, result.report
     assert sum(result.faults.values()) >= 6, result.report
-    assert result.verdict.counts["must_run"] > 100, result.report
+    assert result.verdict.counts["must_run"] >= 50, result.report
     assert not result.verdict.violations, result.report
