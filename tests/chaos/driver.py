@@ -234,7 +234,6 @@ class Driver:
                 invalidated=getattr(result, "invalidated", None),
             )
             model.state = result.state
-        self._last = record
         self._count(op)
         return True, (result, record)
 

@@ -565,7 +565,7 @@ def judge(
 
     # -- the reconciler agrees -------------------------------------------------------------
     if reconcile is not None:
-        check_reconcile(verdict, reconcile, scheds, classes, effects, manual, stalled)
+        check_reconcile(verdict, reconcile, scheds, classes, effects, manual, stalled, cfg.judge_to)
 
     verdict.counts = {
         "schedules": len(scheds),
@@ -635,9 +635,11 @@ def check_reconcile(
     effects: list[Effect],
     manual: dict[str, dict[str, Any]],
     stalled: dict[int, list[tuple[datetime, datetime]]],
+    settled_until: datetime,
 ) -> None:
+    """ABSENT is a loss; an effect's occurrence must read SUCCEEDED once things settled."""
     lo = datetime.fromisoformat(report["from"])
-    hi = datetime.fromisoformat(report["to"])
+    hi = min(datetime.fromisoformat(report["to"]), settled_until)
     items = {i["occurrence_id"]: i for i in [*report["expected"], *report["unexpected"]]}
     effect_ids = {e.occurrence_id: e for e in effects}
     for item in report["expected"]:
