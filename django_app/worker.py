@@ -229,13 +229,16 @@ def _apply_overlap(
     others = Occurrence.objects.filter(schedule_id=schedule.pk).exclude(pk=occ.pk)
     if not others.filter(state=S.RUNNING, lease_expires_at__gt=now).exists():
         return None
+    if occ.attempt_count > 0:
+        # It already started once (its worker died and the reaper re-queued it, it failed
+        # transiently, or it was replayed): it is not "the next trigger", so the overlap
+        # policy does not drop it; it waits for the running one. (Checking only RUNNING
+        # missed every run the reaper had re-queued first, and RETRY_WAIT -> SKIPPED_OVERLAP
+        # is no legal transition: the claim raised StaleWrite and the run was stranded.)
+        return _defer(occ, now + defer, "overlap: re-claim waits for the running one")
     waiting = others.filter(state__in=[s.value for s in _LIVE], reason=QUEUED_REASON).exists()
     if policy is OverlapPolicy.QUEUE_ONE and not waiting:
         return _defer(occ, now + defer, QUEUED_REASON)
-    if occ.state == S.RUNNING:
-        # A re-claim after lease expiry: it already started once, so it is not "the next
-        # trigger"; let it wait instead of dropping work that may be half done.
-        return _defer(occ, now + defer, "overlap: re-claim waits for the running one")
     _lose_previous(occ, now)
     _transition(occ, S.SKIPPED_OVERLAP, finished_at=now, reason="overlap: another is running")
     count("overlap_skips")

@@ -320,6 +320,7 @@ def judge(
     *,
     end: datetime,
     reconcile: dict[str, Any] | None = None,
+    attempts: list[dict[str, Any]] | None = None,
 ) -> Verdict:
     verdict = Verdict()
     scheds = build(history, end)
@@ -481,6 +482,29 @@ def judge(
             judged += 1
             if occ not in by_manual:
                 verdict.add("lost", f"{s.key}: run_now occurrence {occ} never ran", describe(s))
+
+    # -- a run that started must finish (or be invalidated after it started) -------------
+    cured = {(r["schedule_id"], r["scheduled_for"]) for r in replays}
+    for a in attempts or []:
+        sid, t = a["schedule_id"], a["scheduled_for"]
+        s = scheds.get(sid)
+        if s is None or a["occurrence_id"] in manual or (sid, t) in by_time:
+            continue
+        if classes[sid].get(t) == MUST or t > cfg.judge_to or t < cfg.judge_from:
+            continue  # a MUST time is judged above; unsettled times are not judged
+        if s.create.get("poison") and is_poisoned(sid, t) and (sid, t) not in cured:
+            continue  # DEAD by design until cured
+        invalidated = any(
+            c.get("ok") and c["op"] in BUMPS and c.get("changed", True)
+            and c["end"] > a["started_at"] for c in s.calls
+        )  # fmt: skip
+        if invalidated:
+            continue  # re-queued after a crash, then invalidated while waiting: allowed
+        verdict.add("abandoned", f"{s.key}: {_fmt(t)} started at {_fmt(a['started_at'])} "
+                    f"(pid {a['pid']}, v{a['version']}) and never finished",
+                    [f"(reconcile: {', '.join(scheduler_says.get((sid, t), [])) or '-'})",
+                     *describe(s)])  # fmt: skip
+        by_time[(sid, t)] = []  # one report per fire time
 
     # -- caps, overlap, tenant max_running -------------------------------------------------
     limits: dict[str, int] = {}

@@ -102,7 +102,10 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     cluster = Cluster(
         database_url=cfg.database_url,
         log_dir=cfg.log_dir,
-        env_extra={"CELERY_SCHEDULER_SETTINGS": json.dumps(settings)},
+        env_extra={
+            "CELERY_SCHEDULER_SETTINGS": json.dumps(settings),
+            "CHAOS_LOG_DIR": str(cfg.log_dir),
+        },
         fallback_redis_url=cfg.fallback_redis_url,
     )
     driver = Driver(plan, cluster, history, lease=cfg.occurrence_lease)
@@ -133,6 +136,7 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     with (cfg.log_dir / "effects.jsonl").open("w") as out:
         for e in effects:
             out.write(json.dumps(e.__dict__, default=str) + "\n")
+    attempts = read_attempts(cfg.log_dir)
     verdict = judge(
         history.records,
         effects,
@@ -141,6 +145,7 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         ),
         end=stop_at,
         reconcile=report,
+        attempts=attempts,
     )
     if report is None:
         verdict.add("reconcile", f"manage.py reconcile failed (exit {exit_code})")
@@ -160,6 +165,21 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     (cfg.log_dir / "report.txt").write_text(result.report)
     print(result.report, flush=True)
     return result
+
+
+def read_attempts(folder: Path) -> list[dict[str, Any]]:
+    """Every body start the workers noted (``attempts-<pid>.jsonl``)."""
+    out = []
+    for path in sorted(folder.glob("attempts-*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                record["scheduled_for"] = datetime.fromisoformat(
+                    record["scheduled_for"].replace("Z", "+00:00")
+                )
+                record["started_at"] = datetime.fromisoformat(record["started_at"])
+                out.append(record)
+    return out
 
 
 def snapshot_activity(cfg: SoakConfig) -> None:

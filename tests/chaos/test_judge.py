@@ -159,3 +159,21 @@ def test_a_cap_exceeded_is_caught_unless_a_body_was_stalled_past_its_lease() -> 
     v = verdict([*history, stall], effects)
     assert kinds(v) == {}
     assert len(v.excused) == 1
+
+
+def test_a_started_run_that_never_finished_is_abandoned_unless_invalidated_after() -> None:
+    history = [create(overlap_policy="SKIP_IF_RUNNING")]  # its times may be skipped...
+    effects = [e for e in every(0, 300) if e.scheduled_for != at(50)]
+    started = {
+        "occurrence_id": str(ids.occurrence_id(SID, 1, at(50))),
+        "schedule_id": SID,
+        "version": 1,
+        "scheduled_for": at(50),
+        "started_at": at(50.2),
+        "pid": 100,
+    }
+    v = judge(history, effects, CFG, end=END, attempts=[started])
+    assert kinds(v) == {"abandoned": 1}  # ...but not once they started
+    later = [*history, call("update", 60, 2, "ACTIVE", change="rename")]
+    effects = [e for e in effects if e.scheduled_for < at(60)] + every(60, 300, version=2)
+    assert kinds(judge(later, effects, CFG, end=END, attempts=[started])) == {}

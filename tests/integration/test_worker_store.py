@@ -231,6 +231,39 @@ def test_skip_if_running(tenant: Any, clock: FrozenClock) -> None:
     assert claim(third, clock).claimed
 
 
+@pytest.mark.parametrize("policy", [OverlapPolicy.SKIP_IF_RUNNING, OverlapPolicy.QUEUE_ONE])
+@pytest.mark.parametrize("how", ["lease expired and reaped", "transient failure"])
+def test_a_started_run_coming_back_waits_for_the_running_one_instead_of_being_skipped(
+    tenant: Any, clock: FrozenClock, policy: OverlapPolicy, how: str
+) -> None:
+    """A run whose worker died (or that failed transiently) coming back while the next
+    trigger runs: the claim tried RETRY_WAIT -> SKIPPED_OVERLAP, an illegal transition, and
+    raised StaleWrite, leaving the run stranded (seen in the chaos soak as a stalled run's
+    occurrence ending SKIPPED_OVERLAP). Overlap policies decide about *new* triggers; a run
+    that already started waits for the running one."""
+    schedule = make_schedule(tenant, overlap_policy=policy.value)
+    first = make_occurrence(schedule, clock.now())
+    token = claim(first, clock).fencing_token
+    assert token is not None
+    if how == "transient failure":
+        worker.fail(first.id, token, "ConnectionError", retry_at=clock.now(), clock=clock)
+    else:
+        clock.advance(LEASE + timedelta(seconds=1))
+        assert worker.reap_expired(clock=clock) == 1
+    assert state_of(first) == S.RETRY_WAIT
+    second = make_occurrence(schedule, first.scheduled_for + timedelta(minutes=1))
+    second_token = claim(second, clock, "w2").fencing_token  # the next trigger runs
+    assert second_token is not None
+    if policy is OverlapPolicy.QUEUE_ONE:  # the one waiting place is taken
+        third = make_occurrence(schedule, first.scheduled_for + timedelta(minutes=2))
+        assert claim(third, clock, "w4").outcome is ClaimOutcome.DEFERRED
+    back = claim(first, clock, "w3")
+    assert back.outcome is ClaimOutcome.DEFERRED, back
+    assert state_of(first) in (S.ENQUEUED, S.RETRY_WAIT)
+    worker.complete(second.id, second_token, None, clock=clock)
+    assert claim(first, clock, "w3").claimed
+
+
 def test_queue_one_holds_one_and_skips_the_rest(tenant: Any, clock: FrozenClock) -> None:
     schedule = make_schedule(tenant, overlap_policy=OverlapPolicy.QUEUE_ONE.value)
     occs = [make_occurrence(schedule, clock.now() + timedelta(minutes=i)) for i in range(3)]
