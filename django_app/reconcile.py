@@ -214,6 +214,14 @@ def occurrence_window(
     )
 
 
+def count_schedules(schedule_ids: Iterable[uuid.UUID] | None = None) -> int:
+    """How many schedules a run walks (for progress and estimates)."""
+    qs = Schedule.objects.all()
+    if schedule_ids is not None:
+        qs = qs.filter(id__in=list(schedule_ids))
+    return qs.count()
+
+
 def _schedule_chunks(
     schedule_ids: list[uuid.UUID] | None, chunk_size: int
 ) -> Iterator[list[uuid.UUID]]:
@@ -247,10 +255,7 @@ def iter_reconcile(
     bounded by ``chunk_size`` schedules' versions and spans plus one fetch of rows.
     """
     ids_filter = None if schedule_ids is None else list(schedule_ids)
-    total_qs = Schedule.objects.all()
-    if ids_filter is not None:
-        total_qs = total_qs.filter(id__in=ids_filter)
-    total = total_qs.count()
+    total = count_schedules(ids_filter)
     done = items = rows_read = 0
     for chunk in _schedule_chunks(ids_filter, chunk_size):
         windows: dict[uuid.UUID, list[VersionWindow]] = {}

@@ -69,7 +69,8 @@ def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
         ),
     }  # fmt: skip
 
-    report = run("--dry-run")
+    code, report = run_status("--dry-run")
+    assert code == 1  # two rows skipped (solar, unknown task)
     assert Schedule.objects.count() == 0
     assert "6 periodic task(s): 4 would create, 0 already imported, 2 skipped" in report
     assert f"skip    #{tasks['solar'].id} 'solar': solar schedules are not supported" in report
@@ -77,7 +78,7 @@ def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
     assert "nope.missing" in report
     assert "(paused: disabled in django-celery-beat)" in report
 
-    assert "4 created, 0 already imported, 2 skipped" in run()
+    assert "4 created, 0 already imported, 2 skipped" in run_status()[1]
     by_name = {s.name: s for s in Schedule.objects.all()}
     assert set(by_name) == {"interval", "disabled", "cron", "clocked"}
     interval = by_name["interval"]
@@ -95,7 +96,8 @@ def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
     assert one_off.kind == "ONE_OFF"
     assert one_off.run_at == run_at.astimezone(UTC).replace(microsecond=run_at.microsecond)
 
-    assert "0 created, 4 already imported, 2 skipped" in run()
+    assert run_status()[0] == 1
+    assert "0 created, 4 already imported, 2 skipped" in run_status()[1]
     assert Schedule.objects.count() == 4
 
 
@@ -169,3 +171,73 @@ def test_before_migrate_the_command_says_so(dcb: None) -> None:
                 run(*args)
     finally:
         call_command("migrate", "django_app", verbosity=0)
+
+
+def run_status(*args: str) -> tuple[int, str]:
+    """Output and exit status, as a shell would see them (CommandError -> its returncode)."""
+    from django.core.management.base import CommandError
+
+    out = io.StringIO()
+    try:
+        call_command("import_django_celery_beat", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue() + str(exc)
+    return 0, out.getvalue()
+
+
+def test_each_malformed_row_is_skipped_with_its_reason_and_the_rest_imported(dcb: None) -> None:
+    from django.db import connection
+    from django_celery_beat import models as m
+
+    every = m.IntervalSchedule.objects.create(every=60, period="seconds")
+    good = [
+        m.PeriodicTask.objects.create(name=f"good-{i}", task="billing.ping", interval=every)
+        for i in range(3)
+    ]
+    bad_cron = m.CrontabSchedule.objects.create(minute="\u00b2", hour="*")  # a Unicode digit
+    far = m.CrontabSchedule.objects.create(minute="0", hour="*", timezone="Europe/Berlin")
+    bad = {
+        "unicode cron": m.PeriodicTask.objects.create(
+            name="unicode-cron", task="billing.ping", crontab=bad_cron
+        ),
+        "nul in kwargs": m.PeriodicTask.objects.create(
+            name="nul-kwargs", task="billing.ping", interval=every, kwargs='{"a": "x\\u0000y"}'
+        ),
+        "year 9999": m.PeriodicTask.objects.create(
+            name="year-9999", task="billing.ping", crontab=far,
+        ),
+    }  # fmt: skip
+    good.append(m.PeriodicTask.objects.create(name="good-last", task="billing.ping", crontab=far))
+    # Values django-celery-beat's forms would refuse, written behind its back.
+    table = "django_celery_beat_periodictask"
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {table} SET start_time = %s WHERE id = %s",
+            ["9999-12-31 23:59:59+00", bad["year 9999"].id],
+        )
+
+    # On PostgreSQL a NUL in JSON fails at the INSERT itself (jsonb refuses \u0000): the
+    # row's own transaction rolls back and the import goes on. SQLite stores it as given.
+    refused = {"unicode-cron", "year-9999"}
+    if connection.vendor == "postgresql":
+        refused.add("nul-kwargs")
+    imported = {t.name for t in good} | ({"nul-kwargs"} - refused)
+
+    code, dry = run_status("--dry-run")
+    assert code == 1, dry
+    assert Schedule.objects.count() == 0
+    assert "Traceback" not in dry
+    skipped = {t.name for t in bad.values() if f"skip    #{t.id} {t.name!r}: " in dry}
+    assert skipped == refused, dry
+    total = len(good) + len(bad)
+    summary = f"{total} periodic task(s): {{}} {{}}, 0 already imported, {len(refused)} skipped"
+    assert summary.format(len(imported), "would create") in dry
+
+    code, real = run_status()
+    assert code == 1, real
+    assert summary.format(len(imported), "created") in real
+    assert set(Schedule.objects.values_list("name", flat=True)) == imported
+    assert f"{len(refused)} periodic task(s) skipped" in real
+    for name in refused:  # the same reason, dry run and real run alike
+        line = next(x for x in dry.splitlines() if f"{name!r}:" in x)
+        assert line in real.splitlines()

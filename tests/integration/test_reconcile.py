@@ -241,3 +241,57 @@ def test_streamed_json_is_one_document_even_when_empty_or_unexpected_only(
     code, report = run_reconcile("--schedule", str(s.id))
     assert [i["version"] for i in report["unexpected"]] == [7]
     assert report["counts"]["unexpected"] == 1
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "message"),
+    [
+        ("0001-01-01T00:00Z", "0001-01-02T00:00Z", "out of range"),
+        ("0001-01-01T00:00+01:00", "2026-01-01T00:00Z", "out of range"),
+        ("2026-01-01T00:00Z", "9999-12-31T23:59Z", "out of range"),
+        ("9999-12-31T00:00Z", "9999-12-31T23:59:59Z", "out of range"),
+        ("2026-03-01T12:05Z", "2026-03-01T12:00Z", "must be after"),
+        ("2026-03-01T12:00Z", "2026-03-01T12:00Z", "must be after"),
+        ("yesterday", "2026-03-01T12:00Z", "not an ISO 8601 time"),
+        ("2026-03-01T12:00", "2026-03-02T12:00Z", "has no UTC offset"),
+    ],
+)
+def test_bad_windows_are_a_clear_usage_error_never_a_traceback(
+    clock: FrozenClock, start: str, end: str, message: str
+) -> None:
+    create(clock)
+    with pytest.raises(CommandError, match=message) as caught:
+        call_command("reconcile", "--from", start, "--to", end, stdout=StringIO())
+    assert caught.value.returncode == 2
+
+
+def test_a_window_above_the_maximum_is_refused_with_how_to_split_it(clock: FrozenClock) -> None:
+    create(clock)
+    with pytest.raises(CommandError) as caught:
+        call_command("reconcile", "--from", "2000-01-01T00:00Z", "--to", "2100-01-01T00:00Z",
+                     stdout=StringIO())  # fmt: skip
+    text = str(caught.value)
+    assert caught.value.returncode == 2
+    assert "36525 days" in text
+    assert "at most 31" in text
+    # How to split it: the first windows to run, and the switch that lifts the bound.
+    assert "--from 2000-01-01T00:00:00+00:00 --to 2000-02-01T00:00:00+00:00" in text
+    assert "--from 2000-02-01T00:00:00+00:00 --to 2000-03-03T00:00:00+00:00" in text
+    assert "--max-days" in text
+    out = StringIO()
+    call_command("reconcile", "--from", "2000-01-01T00:00Z", "--to", "2000-03-01T00:00Z",
+                 "--max-days", "60", "--json", stdout=out)  # fmt: skip
+    assert json.loads(out.getvalue())["ok"] is True  # nothing expected before the schedule
+
+
+def test_progress_and_an_estimate_go_to_stderr(clock: FrozenClock) -> None:
+    for i in range(3):
+        create(clock, name=f"p{i}")
+    run_minutes(clock, 6)
+    out, err = StringIO(), StringIO()
+    call_command("reconcile", "--from", NOW.isoformat(), "--to", (NOW + 5 * MINUTE).isoformat(),
+                 "--json", "--progress-every", "0", stdout=out, stderr=err)  # fmt: skip
+    assert json.loads(out.getvalue())["counts"]["pending"] == 15  # stdout stays one document
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("reconcile: 3 schedule(s) over 0.0 day(s)"), lines
+    assert any("3/3 schedules (100%)" in x and "15 judged" in x and "left" in x for x in lines)

@@ -14,7 +14,14 @@ minutes before the switch runs fifty minutes after it, and a daily one keeps its
 Fields with no equivalent (exchange, routing_key, headers, description) are named in the
 report when set.
 Skipped with a reason: solar schedules, ``one_off`` tasks on an interval or crontab, one-offs
-that already ran, and anything validation rejects (an unknown task name, a past run_at...).
+that already ran, and anything validation or the database rejects (an unknown task name, a
+past run_at, a malformed cron, a value that does not fit...).
+
+Bad rows never stop the import. Each row is created in its own transaction (the schedule,
+its version and, for a disabled task, the pause together), so a row that fails leaves
+nothing behind and the rows before and after it are imported. ``--dry-run`` runs the very
+same per-row transactions and rolls each back, so it reports the same skips a real run
+would. A summary ends the output; the exit status is 1 if any row was skipped, else 0.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.utils.dateparse import parse_datetime
 
 from celery_scheduler import errors
@@ -164,7 +171,23 @@ def plan_row(row: dict[str, Any]) -> Plan:
         plan.skip = str(skip)
     except errors.ValidationError as exc:
         plan.skip = str(exc)
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        # A malformed row (written behind django-celery-beat's forms) must cost only itself.
+        plan.skip = f"unreadable row ({type(exc).__name__}: {exc})"
     return plan
+
+
+def _reason(exc: Exception) -> str:
+    """Why a row's transaction failed, in one line (a database error without its SQL echo)."""
+    if isinstance(exc, errors.ValidationError):
+        return str(exc)
+    lines = str(exc).splitlines() or [""]
+    kept = [lines[0], *(x for x in lines[1:] if x.startswith("DETAIL:"))]
+    return f"rejected ({type(exc).__name__}: {'; '.join(x.strip() for x in kept)[:300]})"
+
+
+class _DryRun(Exception):
+    """Roll back a dry run's row transaction after it succeeded."""
 
 
 class Command(BaseCommand):
@@ -192,21 +215,17 @@ class Command(BaseCommand):
         dry_run = options["dry_run"]
         verb = "would create" if dry_run else "created"
         counts = {"create": 0, "skip": 0, "exists": 0}
-        for plan in map(plan_row, rows):
+        for row in rows:
+            plan = plan_row(row)
             label = f"#{plan.dcb_id} {plan.name!r}"
-            if plan.skip:
-                counts["skip"] += 1
+            outcome = "skip" if plan.skip else self._import(plan, options["tenant"], dry_run)
+            counts[outcome] += 1
+            if outcome == "skip":
                 self.stdout.write(f"skip    {label}: {plan.skip}")
                 continue
             state = "" if plan.enabled else " (paused: disabled in django-celery-beat)"
             if plan.lost:
                 state += f"; not carried over: {plan.lost}"
-            if dry_run:
-                counts["create"] += 1
-                self.stdout.write(f"{verb} {label}: {plan.values['task']}{state}")
-                continue
-            outcome = self._create(plan, options["tenant"])
-            counts[outcome] += 1
             word = verb if outcome == "create" else "exists "
             self.stdout.write(f"{word} {label}: {plan.values['task']}{state}")
         self.stdout.write(
@@ -214,18 +233,47 @@ class Command(BaseCommand):
             f"{counts['exists']} already imported, {counts['skip']} skipped"
             + (" (dry run: nothing written)" if dry_run else "")
         )
+        if counts["skip"]:
+            raise CommandError(
+                f"{counts['skip']} periodic task(s) skipped (the lines starting with 'skip' say "
+                "why); fix or remove them in django-celery-beat and run the import again",
+                returncode=1,
+            )
+
+    def _import(self, plan: Plan, tenant: str | None, dry_run: bool) -> str:
+        """One row in one transaction: "create", "exists" or "skip" (reason in ``plan.skip``).
+
+        A dry run goes through the same transaction and rolls it back, so it meets the same
+        database errors a real run would.
+        """
+        outcome = "skip"
+        try:
+            with transaction.atomic():
+                outcome = self._create(plan, tenant)
+                if dry_run:
+                    raise _DryRun
+        except _DryRun:
+            pass
+        except (errors.SchedulerError, DatabaseError, ArithmeticError, TypeError,
+                ValueError) as exc:  # fmt: skip
+            plan.skip = _reason(exc)
+            outcome = "skip"
+        return outcome
 
     def _create(self, plan: Plan, tenant: str | None) -> str:
         key = f"dcb:{plan.dcb_id}"
         tenant_obj = lifecycle.resolve_tenant(tenant)
         existed = tenant_obj.schedules.filter(idempotency_key=key).exists()
         try:
-            schedule = lifecycle.create_schedule(
-                tenant=tenant_obj, idempotency_key=key, source="django_celery_beat",
-                **plan.values,
-            )  # fmt: skip
+            with transaction.atomic():
+                schedule = lifecycle.create_schedule(
+                    tenant=tenant_obj, idempotency_key=key, source="django_celery_beat",
+                    **plan.values,
+                )  # fmt: skip
         except errors.IdempotencyConflict:
             return "exists"  # imported before, changed since: leave the imported one alone
+        if existed:
+            return "exists"
         if not plan.enabled:
             lifecycle.pause_schedule(schedule.id)
-        return "exists" if existed else "create"
+        return "create"

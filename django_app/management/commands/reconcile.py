@@ -8,16 +8,21 @@ whatever the window.
 Exit status: 0 when nothing is ABSENT (missed, skipped, skipped_by_policy, upcoming and
 unexpected do not fail the run), 1 when any expected occurrence is ABSENT, 2 for bad
 arguments.
+
+Bounded: both ends must lie in [1970, 2200) and the window may span at most ``--max-days``
+(default 31); a longer one is refused with the commands that split it. Progress, with an
+estimate of the time left, goes to stderr every ``--progress-every`` seconds.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -27,26 +32,65 @@ from django_app.reconcile import (
     ABSENT,
     UNEXPECTED,
     Item,
+    Progress,
+    count_schedules,
     iter_reconcile,
     schedules_without_history,
 )
 
 #: Exit status for bad arguments (1 is reserved for "something is ABSENT").
 USAGE_ERROR = 2
+#: Instants a window may touch: far enough for any real history and plan, and far from
+#: datetime's year 1 / 9999 edges, where time arithmetic overflows.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+DEFAULT_MAX_DAYS = 31
+#: Split suggestions listed in the "window too long" error.
+_SPLIT_SHOWN = 3
 
 
 def _usage(message: str) -> CommandError:
     return CommandError(message, returncode=USAGE_ERROR)
 
 
-def _instant(text: str) -> datetime:
+def _instant(text: str, flag: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError as exc:
-        raise _usage(f"{text!r} is not an ISO 8601 time, e.g. 2026-03-01T12:00Z") from exc
+        raise _usage(f"{flag} {text!r} is not an ISO 8601 time, e.g. 2026-03-01T12:00Z") from exc
     if value.tzinfo is None:
-        raise _usage(f"{text!r} has no UTC offset; write it as {text}Z or {text}+00:00")
-    return value.astimezone(UTC)
+        raise _usage(f"{flag} {text!r} has no UTC offset; write it as {text}Z or {text}+00:00")
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:  # year 1 with a positive offset: before datetime.min in UTC
+        value = datetime.min.replace(tzinfo=UTC)
+    if not EARLIEST <= value <= LATEST:
+        raise _usage(
+            f"{flag} {text} is out of range: a window lies between {EARLIEST.date()} and "
+            f"{LATEST.date()} (UTC)"
+        )
+    return value
+
+
+def _window_too_long(start: datetime, end: datetime, max_days: int) -> CommandError:
+    """The refusal, with the first commands of the split and how many runs it takes."""
+    step = timedelta(days=max_days)
+    runs = -(-(end - start) // step)  # ceiling division of timedeltas
+    lines = []
+    at = start
+    for _ in range(min(runs, _SPLIT_SHOWN)):
+        upto = min(at + step, end)
+        lines.append(f"  manage.py reconcile --from {at.isoformat()} --to {upto.isoformat()}")
+        at = upto
+    if runs > _SPLIT_SHOWN:
+        lines.append(f"  ... {runs} runs in all, the last ending at --to {end.isoformat()}")
+    days = (end - start).total_seconds() / 86400
+    return _usage(
+        f"the window [{start.isoformat()}, {end.isoformat()}) is {days:.10g} days; reconcile "
+        f"checks at most {max_days} days per run (--max-days N raises the bound: the run "
+        "streams in bounded memory, but its time grows with the window). Split it:\n"
+        + "\n".join(lines)
+    )
 
 
 def _schedule_id(text: str) -> uuid.UUID:
@@ -71,16 +115,40 @@ class Command(BaseCommand):
         parser.add_argument(
             "--schedule", action="append", default=None, help="limit to this id (repeatable)"
         )
+        parser.add_argument(
+            "--max-days", type=int, default=DEFAULT_MAX_DAYS,
+            help=f"longest window accepted, in days (default {DEFAULT_MAX_DAYS})",
+        )  # fmt: skip
+        parser.add_argument(
+            "--progress-every", type=float, default=10.0, metavar="SECONDS",
+            help="progress and time-left estimate on stderr this often (default 10 s)",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
-        start, end = _instant(options["start"]), _instant(options["end"])
+        start = _instant(options["start"], "--from")
+        end = _instant(options["end"], "--to")
         if end <= start:
             raise _usage(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
+        max_days = options["max_days"]
+        if max_days < 1:
+            raise _usage(f"--max-days must be at least 1, got {max_days}")
+        if end - start > timedelta(days=max_days):
+            raise _window_too_long(start, end, max_days)
         schedule_ids = (
             None if options["schedule"] is None else [_schedule_id(s) for s in options["schedule"]]
         )
+        total = count_schedules(schedule_ids)
+        days = (end - start).total_seconds() / 86400
+        self.stderr.write(
+            f"reconcile: {total} schedule(s) over {days:.1f} day(s) "
+            f"[{start.isoformat()}, {end.isoformat()})"
+        )
         items = iter_reconcile(
-            start=start, end=end, now=SYSTEM_CLOCK.now(), schedule_ids=schedule_ids
+            start=start,
+            end=end,
+            now=SYSTEM_CLOCK.now(),
+            schedule_ids=schedule_ids,
+            on_progress=self._reporter(options["progress_every"]),
         )
         no_history = schedules_without_history(schedule_ids)
         if options["json"]:
@@ -93,6 +161,27 @@ class Command(BaseCommand):
                 f"[{start.isoformat()}, {end.isoformat()})",
                 returncode=1,
             )
+
+    def _reporter(self, every: float) -> Any:
+        """A progress callback: a line on stderr at most every ``every`` seconds."""
+        started = last = time.monotonic()
+
+        def report(p: Progress) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last < every and p.schedules_done < p.schedules_total:
+                return
+            last = now
+            elapsed = now - started
+            share = p.schedules_done / p.schedules_total if p.schedules_total else 1.0
+            left = elapsed / share - elapsed if share else float("nan")
+            self.stderr.write(
+                f"reconcile: {p.schedules_done}/{p.schedules_total} schedules ({share:.0%}), "
+                f"{p.items:,} judged, {p.rows_read:,} rows read, {elapsed:.0f} s elapsed, "
+                f"about {left:.0f} s left"
+            )
+
+        return report
 
     def _json(
         self, items: Iterable[Item], start: datetime, end: datetime, no_history: list[uuid.UUID]
