@@ -270,7 +270,16 @@ class _CronSpec:
 
 
 def _compile_cron(expression: str) -> _CronSpec:
-    if not isinstance(expression, str) or not expression.strip():
+    if not isinstance(expression, str):
+        raise errors.InvalidCronExpression("Cron expression is empty; expected five fields.")
+    return _compile_cron_text(expression)
+
+
+#: Parsed expressions are immutable and schedules share a handful of them ("0 * * * *"):
+#: parsing was most of the per-schedule planning cost, so each text is parsed once.
+@functools.lru_cache(maxsize=65536)
+def _compile_cron_text(expression: str) -> _CronSpec:
+    if not expression.strip():
         raise errors.InvalidCronExpression("Cron expression is empty; expected five fields.")
     text = expression.strip()
     if text.startswith("@"):
