@@ -38,6 +38,9 @@ class SchedulerSettings:
     max_flexible_window_seconds: int = 24 * 3600
     max_catchup_cap: int = 10_000
     max_lateness_limit_seconds: int = 30 * 24 * 3600
+    #: Largest args + kwargs of a schedule, in bytes of compact JSON. They are sent in every
+    #: message of every fire (and held by the burst relay), so big data belongs elsewhere.
+    max_arguments_bytes: int = 64 * 1024
     #: Check the task name against the Celery app's registry at create/update.
     validate_task_names: bool = True
     #: Materialize a batch of due schedules in one transaction with set-based SQL

@@ -56,6 +56,11 @@ def resolve_tenant(tenant: Tenant | str | None) -> Tenant:
         return tenant
     default = conf.get().default_tenant
     slug = tenant or default
+    if not isinstance(slug, str):
+        raise errors.ValidationError(
+            f"tenant must be a Tenant or a slug, got {slug!r}", field="tenant"
+        )
+    validation._text(slug, "tenant", max_length=64)  # NUL, bad Unicode, longer than the column
     if slug == default:
         return Tenant.objects.get_or_create(slug=slug, defaults={"name": slug})[0]
     try:

@@ -12,13 +12,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from celery_scheduler import errors
 from celery_scheduler.core import timemath
 from celery_scheduler.core.enums import MisfirePolicy, OverlapPolicy, ScheduleKind
 from django_app import conf
 
-MAX_INTERVAL = timedelta(days=366)
+MAX_INTERVAL = timemath.MAX_INTERVAL
+#: Deepest nesting of args/kwargs (PostgreSQL's jsonb and json.dumps both have limits).
+MAX_JSON_DEPTH = 100
 MAX_CONCURRENCY_LIMIT = 100_000
 MAX_ATTEMPTS_LIMIT = 1_000
 
@@ -151,6 +154,8 @@ def validate(*, now: datetime, **values: Any) -> ScheduleSpec:
     )  # fmt: skip
     if misfire is MisfirePolicy.CATCH_UP and catchup_cap < 1:
         raise errors.InvalidPolicy("CATCH_UP needs catchup_cap >= 1", field="catchup_cap")
+    args, kwargs = _args(values.get("args")), _kwargs(values.get("kwargs"))
+    _check_payload_size(args, kwargs, settings.max_arguments_bytes)
     spec = ScheduleSpec(
         name=name,
         task=task,
@@ -159,8 +164,8 @@ def validate(*, now: datetime, **values: Any) -> ScheduleSpec:
         timezone=tz_name,
         interval_seconds=interval_seconds,
         run_at=run_at,
-        args=_args(values.get("args")),
-        kwargs=_kwargs(values.get("kwargs")),
+        args=args,
+        kwargs=kwargs,
         queue=_text(values.get("queue"), "queue", max_length=200),
         priority=_int(values.get("priority"), "priority", default=0, low=0, high=255),
         misfire_policy=misfire,
@@ -196,7 +201,12 @@ def _trigger_fields(
     values: dict[str, Any],
 ) -> tuple[ScheduleKind, str, str, int | None, datetime | None]:
     cron, interval, run_at = values.get("cron"), values.get("interval"), values.get("run_at")
-    given = [n for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at)) if v]
+    # Given means not None and not "": interval=0 is a bad interval, not a missing trigger.
+    given = [
+        n
+        for n, v in (("cron", cron), ("interval", interval), ("run_at", run_at))
+        if v is not None and v != ""
+    ]
     if len(given) != 1:
         raise errors.InvalidTiming(
             "give exactly one of cron, interval or run_at"
@@ -204,22 +214,20 @@ def _trigger_fields(
             field=given[1] if len(given) > 1 else "cron",
         )
     tz_raw = values.get("timezone") or "UTC"
+    if isinstance(tz_raw, ZoneInfo):
+        tz_raw = tz_raw.key  # a ZoneInfo instance stands for its IANA name
     if not isinstance(tz_raw, str):
-        tz_raw = str(tz_raw)  # a ZoneInfo instance renders as its key
+        raise errors.UnknownTimeZone(f"timezone must be an IANA name, got {tz_raw!r}")
     timemath.parse_timezone(tz_raw)
-    if cron:
+    if given == ["cron"]:
         if not isinstance(cron, str):
             raise errors.InvalidCronExpression(f"cron must be a string, got {cron!r}")
         expression = " ".join(cron.split())
-        timemath.CronTrigger(expression=expression, timezone=tz_raw)  # raises precisely
+        # Raises precisely, including for an expression longer than the column.
+        timemath.CronTrigger(expression=expression, timezone=tz_raw)
         return ScheduleKind.CRON, expression, tz_raw, None, None
-    if interval:
-        seconds = _seconds(interval, "interval", default=0, low=1, high=None)
-        if seconds > MAX_INTERVAL.total_seconds():
-            raise errors.InvalidTiming(
-                f"interval {seconds} s is longer than {MAX_INTERVAL.days} days; use a cron",
-                field="interval",
-            )
+    if given == ["interval"]:
+        seconds = int(timemath.parse_interval(interval, "interval").total_seconds())
         return ScheduleKind.INTERVAL, "", tz_raw, seconds, None
     return ScheduleKind.ONE_OFF, "", tz_raw, None, _aware(run_at, "run_at")
 
@@ -256,6 +264,7 @@ def _text(value: Any, name: str, max_length: int = 200, *, required: bool = Fals
         value = ""
     if not isinstance(value, str):
         raise errors.ValidationError(f"{name} must be a string, got {value!r}", field=name)
+    _storable(value, name, errors.ValidationError)
     value = value.strip()
     if required and not value:
         raise errors.ValidationError(f"{name} is required", field=name)
@@ -264,6 +273,26 @@ def _text(value: Any, name: str, max_length: int = 200, *, required: bool = Fals
             f"{name} is {len(value)} characters long; at most {max_length}", field=name
         )
     return value
+
+
+def _storable(
+    value: str, name: str, error: type[errors.ValidationError], what: str | None = None
+) -> None:
+    """Reject text no database column can hold: NUL (PostgreSQL refuses it in text and JSON)
+    and lone surrogates (not encodable as UTF-8). ``what`` words the message."""
+    if "\x00" in value:
+        raise error(
+            f"{what or name} contains a NUL character (\\x00), which cannot be stored",
+            field=name,
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise error(
+            f"{what or name} contains a lone surrogate (not valid Unicode text), which cannot "
+            "be stored",
+            field=name,
+        ) from None
 
 
 def _aware(value: Any, name: str) -> datetime | None:
@@ -282,6 +311,7 @@ def _aware(value: Any, name: str) -> datetime | None:
         raise errors.InvalidTiming(
             f"{name} {value.isoformat()} has no time zone; pass an aware datetime", field=name
         )
+    timemath.check_instant(value, name)  # far from year 1 and 9999, or InvalidTiming
     return value
 
 
@@ -329,7 +359,28 @@ def _enum(enum: Any, value: Any, name: str) -> Any:
         ) from None
 
 
-def _json_ok(value: Any, name: str) -> None:
+def _check_json(value: Any, name: str) -> None:
+    """Walk ``value`` without recursion: depth, storable text and JSON types, then encode.
+
+    ``json.dumps`` recurses: a deeply nested list raised RecursionError (and a cycle loops
+    until it does), so depth is checked first, iteratively.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise errors.InvalidArguments(
+                f"{name} is nested more than {MAX_JSON_DEPTH} levels deep", field=name
+            )
+        if isinstance(item, str):
+            _storable(item, name, errors.InvalidArguments, f"a string in {name}")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str):
+                    _storable(key, name, errors.InvalidArguments, f"a key in {name}")
+                stack.append((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -338,16 +389,36 @@ def _json_ok(value: Any, name: str) -> None:
         ) from None
 
 
+def _check_payload_size(args: list[Any], kwargs: dict[str, Any], limit: int) -> None:
+    """args and kwargs travel in every message of every fire: bound their encoded size."""
+    args_size = _json_size(args)
+    total = args_size + _json_size(kwargs)
+    if total > limit:
+        field = "args" if args_size > limit else "kwargs"
+        raise errors.InvalidArguments(
+            f"args and kwargs are {total} bytes as JSON; at most {limit} bytes (the "
+            "max_arguments_bytes setting). Pass a reference (an id, a key) instead of the data",
+            field=field,
+        )
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")).encode())
+
+
 def _args(value: Any) -> list[Any]:
     if value is None:
         return []
     if isinstance(value, str):
         raise errors.InvalidArguments(
-            f"args must be a list, got the string {value!r} (decode JSON first)", field="args"
+            f"args must be a list, got the string {value[:40]!r} (decode JSON first)",
+            field="args",
         )
     if not isinstance(value, list | tuple):
-        raise errors.InvalidArguments(f"args must be a list, got {value!r}", field="args")
-    _json_ok(list(value), "args")
+        raise errors.InvalidArguments(
+            f"args must be a list, got {type(value).__name__}", field="args"
+        )
+    _check_json(list(value), "args")
     return list(value)
 
 
@@ -355,9 +426,13 @@ def _kwargs(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise errors.InvalidArguments(f"kwargs must be an object, got {value!r}", field="kwargs")
+        raise errors.InvalidArguments(
+            f"kwargs must be an object, got {type(value).__name__}", field="kwargs"
+        )
     bad = [k for k in value if not isinstance(k, str)]
     if bad:
-        raise errors.InvalidArguments(f"kwargs keys must be strings, got {bad!r}", field="kwargs")
-    _json_ok(value, "kwargs")
+        raise errors.InvalidArguments(
+            f"kwargs keys must be strings, got {bad[:5]!r}", field="kwargs"
+        )
+    _check_json(value, "kwargs")
     return dict(value)

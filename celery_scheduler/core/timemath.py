@@ -69,6 +69,8 @@ _MONTH_MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # Feb 29 exi
 # given weekday); the bound only guards against the datetime range and pathological zones.
 _SEARCH_YEARS = 50
 MAX_PREVIEW = 1000
+#: Longest expression (the Schedule.cron column): refused, never truncated or stored longer.
+MAX_CRON_LENGTH = 200
 
 
 #: Instants accepted from callers (run_at, start_at, end_at, preview starts, command
@@ -91,7 +93,9 @@ def _require_aware(value: datetime, name: str) -> datetime:
         return value.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00+01:00 is before year 1 in UTC
         raise errors.InvalidTiming(
-            f"{name} {value.isoformat()} is outside the supported range", field=name
+            f"{name} {value.isoformat()} is outside the supported range "
+            f"{MIN_INSTANT:%Y-%m-%d} to {MAX_INSTANT:%Y-%m-%d} (UTC)",
+            field=name,
         ) from None
 
 
@@ -282,6 +286,11 @@ def _compile_cron_text(expression: str) -> _CronSpec:
     if not expression.strip():
         raise errors.InvalidCronExpression("Cron expression is empty; expected five fields.")
     text = expression.strip()
+    if len(text) > MAX_CRON_LENGTH:
+        raise errors.InvalidCronExpression(
+            f"Cron expression is {len(text)} characters long; at most {MAX_CRON_LENGTH} (the "
+            "length of the stored column)."
+        )
     if text.startswith("@"):
         macro = text.lower()
         if macro == "@reboot":
@@ -383,14 +392,16 @@ def parse_interval(value: object, name: str = "interval") -> timedelta:
     """Whole seconds (int, integral float, timedelta or a string of ASCII digits) from 1 s
     to MAX_INTERVAL, else :class:`errors.InvalidTiming` naming ``name``."""
     seconds: int | None = None
-    if isinstance(value, timedelta):
+    if isinstance(value, str) and _is_number(value.strip()) and len(value.strip()) > 12:
+        seconds = 10**12  # far out of range; keeps int() away from huge digit strings
+    elif isinstance(value, timedelta):
         total = value.total_seconds()
         seconds = int(total) if total == int(total) else None
     elif isinstance(value, float) and value.is_integer():
         seconds = int(value)
     elif isinstance(value, int) and not isinstance(value, bool):
         seconds = value
-    elif isinstance(value, str) and _is_number(value.strip()) and len(value.strip()) <= 12:
+    elif isinstance(value, str) and _is_number(value.strip()):
         seconds = int(value.strip())
     if seconds is None:
         raise errors.InvalidTiming(
@@ -399,7 +410,7 @@ def parse_interval(value: object, name: str = "interval") -> timedelta:
     if not 1 <= seconds <= MAX_INTERVAL.total_seconds():
         raise errors.InvalidTiming(
             f"{name} must be from 1 second to {MAX_INTERVAL.days} days "
-            f"({int(MAX_INTERVAL.total_seconds())} s), got {_short_repr(seconds)}; use a cron "
+            f"({int(MAX_INTERVAL.total_seconds())} s), got {_short_repr(value)}; use a cron "
             "for longer periods",
             field=name,
         )

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from zoneinfo import available_timezones
 
 from django import forms
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
@@ -76,6 +77,25 @@ class TimezoneWidget(forms.TextInput):
         return context
 
 
+class ArgumentsJSONField(forms.JSONField):
+    """A JSON field whose parser cannot crash the page: ``json.loads`` recurses, and a
+    deeply nested list ("[[[[...") raised RecursionError (HTTP 500) instead of a form error."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(
+                _("The JSON is nested too deeply."), code="invalid", params={"value": value}
+            ) from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)  # shown back as typed, like any invalid JSON
+
+
 class ScheduleForm(forms.ModelForm):
     """Saving the form calls ``create_schedule`` / ``update_schedule``; their validation
     errors land on the field they name."""
@@ -94,8 +114,8 @@ class ScheduleForm(forms.ModelForm):
         help_text=HELP_TEXTS["kind"],
     )
     task = forms.ChoiceField(help_text=HELP_TEXTS["task"])
-    args = forms.JSONField(required=False, initial=list, help_text=HELP_TEXTS["args"])
-    kwargs = forms.JSONField(required=False, initial=dict, help_text=HELP_TEXTS["kwargs"])
+    args = ArgumentsJSONField(required=False, initial=list, help_text=HELP_TEXTS["args"])
+    kwargs = ArgumentsJSONField(required=False, initial=dict, help_text=HELP_TEXTS["kwargs"])
 
     class Meta:
         model = Schedule
@@ -168,7 +188,9 @@ class ScheduleForm(forms.ModelForm):
             ScheduleKind.INTERVAL.value: "interval_seconds",
             ScheduleKind.ONE_OFF.value: "run_at",
         }.get(str(kind))
-        if required and not cleaned.get(required) and required not in self.errors:
+        # "Missing" is None or "": an interval of 0 is a bad interval (the API says so on
+        # the field), not a missing one.
+        if required and cleaned.get(required) in (None, "") and required not in self.errors:
             self.add_error(required, _("Required for this kind of schedule."))
         return cleaned
 

@@ -34,14 +34,19 @@ def test_non_ascii_digit_is_invalid_cron_naming_the_field(
 
 
 def test_huge_numbers_are_out_of_range_not_a_conversion_error() -> None:
-    # 5000 digits: int() alone raises ValueError (Python's 4300-digit limit).
     with pytest.raises(errors.InvalidCronExpression, match="minute"):
+        timemath.CronTrigger(expression="1" * 150 + " * * * *")
+
+
+def test_expression_longer_than_the_column_is_refused_before_parsing() -> None:
+    # 5000 digits: int() alone would raise ValueError (Python's 4300-digit limit).
+    with pytest.raises(errors.InvalidCronExpression, match="at most 200"):
         timemath.CronTrigger(expression="1" * 5000 + " * * * *")
 
 
 def test_huge_step_means_the_start_only() -> None:
-    # As in Vixie cron, a step past the range keeps the first value: "*/5000..." is minute 0.
-    trigger = timemath.CronTrigger(expression="*/" + "9" * 5000 + " * * * *")
+    # As in Vixie cron, a step past the range keeps the first value: "*/999..." is minute 0.
+    trigger = timemath.CronTrigger(expression="*/" + "9" * 150 + " * * * *")
     assert trigger._spec.minutes == (0,)
 
 

@@ -204,6 +204,11 @@ class Command(BaseCommand):
                 "this scheduler's tables are missing: add 'django_app' to INSTALLED_APPS and "
                 "run `python manage.py migrate` first, then import"
             )
+        if options["tenant"] is not None:
+            try:  # a bad slug is the caller's mistake: say so before anything else
+                lifecycle.resolve_tenant(options["tenant"])
+            except errors.ValidationError as exc:
+                raise CommandError(f"--tenant: {exc}") from exc
         if "django_celery_beat_periodictask" not in tables:
             raise CommandError(
                 "django-celery-beat's tables are not in this database "

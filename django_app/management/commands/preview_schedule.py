@@ -25,12 +25,20 @@ def parse_start(text: str | None, zone_name: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise CommandError(
-            f"Invalid --start {text!r}: expected an ISO 8601 date/time such as "
+            f"Invalid --start {text[:40]!r}: expected an ISO 8601 date/time such as "
             "'2026-03-29T00:00:00+01:00' or '2026-03-29T00:00' (read in --tz)."
         ) from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=timemath.parse_timezone(zone_name))
+    try:
+        timemath.check_instant(value, "--start")
+    except errors.ValidationError as exc:
+        raise CommandError(str(exc)) from None
     return value
+
+
+#: The option each validation field comes from, so the message names what to fix.
+_OPTIONS = {"timezone": "--tz", "count": "--count", "cron": "expression"}
 
 
 class Command(BaseCommand):
@@ -62,6 +70,9 @@ class Command(BaseCommand):
             start = parse_start(options["start"], zone_name)
             rows = timemath.preview(trigger, start=start, count=options["count"])
             description = timemath.describe_cron(expression)
+        except errors.ValidationError as exc:
+            option = _OPTIONS.get(exc.field or "", exc.field or "expression")
+            raise CommandError(f"{option}: {exc}") from exc
         except errors.SchedulerError as exc:
             raise CommandError(str(exc)) from exc
         if options["json"]:

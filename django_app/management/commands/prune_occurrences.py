@@ -8,6 +8,7 @@ scheduled task; safe to run while beat, relays and workers are running.
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import timedelta
 from typing import Any
@@ -18,15 +19,21 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app.retention import MAX_BATCH, PruneReport, prune
 
+#: The oldest age an option accepts: a century is more history than any table keeps, and
+#: "now - DAYS" must stay inside datetime's range (99999999999 days raised OverflowError).
+MAX_DAYS = 36_500
+
 
 def _days(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise CommandError(f"{text!r} is not a whole number of days") from None
-    if value < 1:
-        raise CommandError(f"{value} days: the age must be at least 1 day")
-    return value
+    # ArgumentTypeError: argparse prefixes the message with the option it came from.
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number of days")
+    if len(text) > 6 or int(text) > MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"{text[:40]} days: the age must be at most {MAX_DAYS}")
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text} days: the age must be at least 1 day")
+    return int(text)
 
 
 class Command(BaseCommand):
