@@ -39,7 +39,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from django_app.relay import LookaheadRelay
-    from django_app.shards import ShardLeaser
+    from django_app.shards import LeaseKeeper, ShardLeaser
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,9 @@ class DatabaseScheduler(beat.Scheduler):
     """A :class:`celery.beat.Scheduler` whose schedule lives in the database.
 
     Keyword arguments beyond Celery's: ``clock``, ``publisher`` (default: the Celery
-    publisher of ``app``), ``poll_interval`` (seconds), ``lookahead`` (timedelta).
+    publisher of ``app``), ``poll_interval`` (seconds), ``lookahead`` (timedelta),
+    ``stop_timeout`` (seconds a stop may spend releasing), ``lease_keeper`` (renew the
+    shard leases from a thread while a step runs long; default: with the system clock).
     """
 
     #: Celery's default (300 s) is far too long for a loop that must wake for strict work.
@@ -92,6 +94,11 @@ class DatabaseScheduler(beat.Scheduler):
         self.lookahead: timedelta = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
         self.use_shard_leases = bool(kwargs.pop("use_shard_leases", True))
         self.stop_timeout = float(kwargs.pop("stop_timeout", DEFAULT_STOP_TIMEOUT))
+        # The keeper thread measures real time: with an injected clock (tests) it runs only
+        # when asked for.
+        keeper = kwargs.pop("lease_keeper", None)
+        self.lease_keeper = self.clock is SYSTEM_CLOCK if keeper is None else bool(keeper)
+        self._keeper: LeaseKeeper | None = None
         self._busy = False
         kwargs.pop("schedule_filename", None)  # Celery passes it; we keep no file
         self.node = node_name()
@@ -150,6 +157,9 @@ class DatabaseScheduler(beat.Scheduler):
         if self._busy:
             logger.info("beat %s: stop requested; releasing after the current step", self.node)
             return
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop(min(1.0, self.stop_timeout))
         leaser, self._leaser = self._leaser, None
         relay, self._relay = self._relay, None
         if leaser is None and relay is None:
@@ -232,8 +242,9 @@ class DatabaseScheduler(beat.Scheduler):
             publisher = self._publisher
             if publisher is None:
                 from celery_scheduler.publishers import celery_publisher
+                from django_app import conf
 
-                publisher = celery_publisher(self.app)
+                publisher = celery_publisher(self.app, timeout=conf.get().publish_timeout_seconds)
             if _burst_relay_enabled(self.app):
                 from django_app.burst import BurstRelay
 
@@ -339,6 +350,11 @@ class DatabaseScheduler(beat.Scheduler):
             leaser = ShardLeaser(self.node, clock=self.clock)
             reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
             self._leaser = leaser
+            if self.lease_keeper:
+                from django_app.shards import LeaseKeeper
+
+                self._keeper = LeaseKeeper(leaser)
+                self._keeper.start()
             self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
         elif self.clock.monotonic() >= self._next_strand_check:
             self._warn_stranded(self._leaser.shard_count)

@@ -5,8 +5,8 @@ mark. For 500,000 rows due at one instant that is far too late. Here the work mo
 
 1. **claim** (``lookahead`` before the rows are due, committed): rows due within the
    window are claimed durably (``claimed_by`` = this relay, ``claim_expires_at`` = each
-   row's ``available_at`` plus the lease), so no other relay takes them, and the rows of a
-   relay that died are taken over one lease after they were due;
+   row's ``available_at`` plus ``claim_grace_seconds``), so no other relay takes them, and
+   the rows of a relay that died or stalled are taken over that soon after they were due;
 2. **prepare** (no transaction): one joined read loads what the messages need; the
    publisher's ``prepare`` builds and serialises the envelopes. Rows are grouped in waves
    (rows due within ``WAVE_SECONDS`` of the wave's first row);
@@ -15,8 +15,14 @@ mark. For 500,000 rows due at one instant that is far too late. Here the work mo
    statement, and drops what must not go out (not publishable, old version -> CANCELED,
    already sent): the same checks as :mod:`django_app.relay`, with the shard fencing check
    when tokens are given;
-4. **publish** at each row's ``available_at`` (never before: the clock is waited on),
-   pipelined in chunks; the time each chunk was accepted is recorded;
+4. **publish** at each row's ``available_at`` (never before: the clock is waited on, in
+   short slices that keep the session busy), pipelined in chunks; the time each chunk was
+   accepted is recorded. After every sleep the wall clock is checked again: woken more than
+   ``claim_grace_seconds`` late (the process was stopped), the rest of the wave is given
+   back, not published (its claims have lapsed; another relay publishes it). The wave's
+   transaction is bounded: lock waits by ``publish_timeout_seconds``, idleness by
+   ``claim_grace_seconds`` (PostgreSQL ends the session of a stalled beat, freeing its row
+   locks), and the Redis push by the publisher's socket timeout;
 5. **mark** in bulk inside the same transaction (``sent_at`` / ``enqueued_at`` = the
    chunk's acceptance time, conditional on ``sent_at IS NULL`` / a publishable state),
    then commit.
@@ -64,7 +70,15 @@ from django_app.burst_sql import (
     decode_json,
     due,
 )
-from django_app.relay import PUBLISHABLE, RelayReport, _new_token, relay_due
+from django_app.relay import (
+    PUBLISHABLE,
+    RelayReport,
+    _idle_bound,
+    _keepalive,
+    _new_token,
+    bound_relay_transaction,
+    relay_due,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +177,7 @@ class BurstRelay:
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
                     {
                         "token": self.token,
-                        "lease": conf.get().lease_seconds,
+                        "lease": conf.get().claim_grace_seconds,
                         "now": now,
                         "until": until,
                         "limit": room,
@@ -283,6 +297,7 @@ class BurstRelay:
                 raise
         try:
             with transaction.atomic():
+                bound_relay_transaction()
                 report, release, sent = self._fire_locked(wave)
         except BaseException:
             self._release_quietly([r.outbox_id for r in wave.rows])
@@ -359,7 +374,8 @@ class BurstRelay:
         invalidated = self._drop(drop, stale, now)
         self.stats.add("lock", len(wave.rows), started)
         locked_at = self.clock.now()
-        accepted = self._publish_at_times(send)
+        accepted, late = self._publish_at_times(send)
+        release.extend(r.outbox_id for r in late)
         fault_point("relay.after_publish")
         fault_point("relay.before_mark")
         marked = self._mark(accepted)
@@ -367,14 +383,14 @@ class BurstRelay:
         return (
             RelayReport(
                 claimed=len(wave.rows),
-                published=len(send),
+                published=len(send) - len(late),
                 marked=marked,
                 dropped=len(drop),
                 invalidated=invalidated,
-                locked=len(release) - fenced,
+                locked=len(release) - fenced - len(late),
             ),
             release,
-            send,
+            [r for chunk, _ in accepted for r in chunk],
         )
 
     def _log_wave(
@@ -400,12 +416,15 @@ class BurstRelay:
         )  # fmt: skip
 
     def _fence(self, shards: set[int]) -> set[int]:
+        # Read, not locked: a wave holds its transaction for seconds, and a lock on the lease
+        # rows would stall their renewal. A takeover during the wave cannot double-publish:
+        # the occurrence row locks and the unsent re-check already prevent that.
         if self.shard_fencing is None or not shards:
             return set()
         with connection.cursor() as cur:
             cur.execute(
                 "SELECT shard, fencing_token FROM django_app_shardlease "
-                "WHERE shard = ANY(%s::int[]) ORDER BY shard FOR UPDATE",
+                "WHERE shard = ANY(%s::int[])",
                 [sorted(shards)],
             )
             current = dict(cur.fetchall())
@@ -471,9 +490,12 @@ class BurstRelay:
                 )
         return invalidated
 
-    def _publish_at_times(self, send: list[HeldRow]) -> list[tuple[list[HeldRow], datetime]]:
+    def _publish_at_times(
+        self, send: list[HeldRow]
+    ) -> tuple[list[tuple[list[HeldRow], datetime]], list[HeldRow]]:
         """Publish in ``available_at`` order, each row not before its time; returns chunks
-        with the instant the broker had accepted each."""
+        with the instant the broker had accepted each, and the rows not published because
+        the wave woke too late for them (given back to the general path)."""
         accepted: list[tuple[list[HeldRow], datetime]] = []
         started = time.perf_counter()
         i = 0
@@ -482,10 +504,10 @@ class BurstRelay:
             j = i
             while j < len(send) and j - i < PUBLISH_CHUNK and send[j].available_at <= due_at:
                 j += 1
-            wait = (due_at - self.clock.now()).total_seconds()
-            if wait > 0:
-                self.clock.sleep(wait)
-                started += wait
+            slept = self._wait_until(due_at)
+            started += slept
+            if not self._still_ours(due_at, slept=slept):
+                return accepted, send[i:]
             chunk = send[i:j]
             if self._publish_prepared is not None:
                 self._publish_prepared([r.prepared for r in chunk])
@@ -494,7 +516,44 @@ class BurstRelay:
             accepted.append((chunk, self.clock.now()))
             i = j
         self.stats.add("publish", len(send), started)
-        return accepted
+        return accepted, []
+
+    def _wait_until(self, due_at: datetime) -> float:
+        """Sleep until ``due_at`` in short slices, keeping the transaction's session busy
+        (a session idle past ``claim_grace_seconds`` is ended by PostgreSQL, by design: that
+        is what frees the locks of a stalled beat). Returns the seconds slept."""
+        slept = 0.0
+        slice_seconds = _idle_bound() / 4
+        while (wait := (due_at - self.clock.now()).total_seconds()) > 0:
+            if wait > self.lookahead.total_seconds() + self.hold.total_seconds():
+                break  # the wall clock stepped back: _still_ours gives the rows up
+            step = min(wait, slice_seconds)
+            self.clock.sleep(step)
+            slept += step
+            _keepalive()
+        _keepalive()
+        return slept
+
+    def _still_ours(self, due_at: datetime, *, slept: float) -> bool:
+        """Re-check the wall clock after every sleep before publishing.
+
+        Woken from a sleep more than ``claim_grace_seconds`` past the rows' time (the
+        process was stopped, or the clock jumped), the claims have lapsed and another relay
+        may be publishing these rows: give them up instead. Rows a wave reaches late without
+        having slept (a large burst publishing behind its instant) stay ours: their
+        occurrence rows are locked, no other relay can send them. A wave due far in the
+        future (the clock stepped back) is not held either.
+        """
+        now = self.clock.now()
+        late = (now - due_at).total_seconds()
+        overslept = slept > 0 and late > conf.get().claim_grace_seconds
+        if not overslept and -late <= self.lookahead.total_seconds():
+            return True
+        logger.warning(
+            "burst relay %s: woke %.1fs %s its rows' time %s; not publishing them here",
+            self.token, abs(late), "after" if late > 0 else "before", due_at.isoformat(),
+        )  # fmt: skip
+        return False
 
     def _mark(self, accepted: list[tuple[list[HeldRow], datetime]]) -> int:
         started = time.perf_counter()

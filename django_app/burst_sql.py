@@ -71,10 +71,11 @@ def decode_json(value: Any) -> Any:
 #: as int2[], and ``bigint = ANY(int2[])`` is not hashed, so on an unanalysed table (a fresh
 #: burst) a 20,000-id check became a seq scan comparing each row with every id (~6 s).
 SHARDS = "AND shard = ANY(%(shards)s::int[])"
-#: A claim lasts until the row's own time plus the lease (not the window's end): rows a
-#: dead relay held are taken over one lease after they were due, however far ahead the
-#: window reached. Holding past that is harmless: the wave locks occurrence rows and
-#: re-checks ``sent_at`` before publishing, so an expired claim moves who sends, not how often.
+#: A claim lasts until the row's own time plus ``claim_grace_seconds`` (not the window's
+#: end): rows a dead or stalled relay held are taken over that soon after they were due,
+#: however far ahead the window reached. Holding past that is harmless: the wave locks
+#: occurrence rows and re-checks ``sent_at`` before publishing, so an expired claim moves
+#: who sends, not how often.
 CLAIM_SQL = """
 UPDATE django_app_outboxentry
 SET claimed_by = %(token)s, claim_expires_at = available_at + make_interval(secs => %(lease)s)

@@ -20,8 +20,16 @@ class SchedulerSettings:
     horizon_seconds: int = 60
     #: Rows per materializer/relay batch.
     batch_size: int = 500
-    #: Lease duration for shard leases and relay claims (seconds).
+    #: Lease duration for shard leases (seconds).
     lease_seconds: int = 30
+    #: A relay's claim on an outbox row lapses this long after the row's time, and a relay
+    #: transaction left idle this long is ended by PostgreSQL (its row locks released): a
+    #: stalled beat (SIGSTOP, swapping, a frozen VM) holds strict work at most about this
+    #: long before another beat publishes it (seconds).
+    claim_grace_seconds: float = 2.0
+    #: Every broker round trip of the beat (connect, declare, push) gives up after this; the
+    #: batch stays unsent and is retried (seconds).
+    publish_timeout_seconds: float = 5.0
     #: Lease duration for an occurrence claimed by a worker; renewed by heartbeat (seconds).
     occurrence_lease_seconds: int = 300
     #: Default tenant slug for schedules created without one (and for static beat entries).

@@ -110,6 +110,38 @@ def _due_rows(
     return tenancy.without_exhausted(rows, now)
 
 
+def _idle_bound() -> float:
+    """Seconds a relay transaction may sit idle before PostgreSQL ends its session."""
+    return max(float(conf.get().claim_grace_seconds), 1.0)
+
+
+def bound_relay_transaction() -> None:
+    """First statement of a relay transaction: bound its waits (PostgreSQL only).
+
+    ``lock_timeout``: a lock wait gives up after ``publish_timeout_seconds``.
+    ``idle_in_transaction_session_timeout``: if the process stalls (SIGSTOP, a frozen VM)
+    while holding the transaction, PostgreSQL ends the session after ``claim_grace_seconds``
+    and its row locks go with it, so another beat can publish the rows once their claims
+    lapse. Only set in the relay's own (outermost) transaction, never a caller's.
+    """
+    if connection.vendor != "postgresql":
+        return
+    cfg = conf.get()
+    with connection.cursor() as cur:
+        cur.execute(f"SET LOCAL lock_timeout = {max(1, int(cfg.publish_timeout_seconds * 1000))}")
+        if len(connection.atomic_blocks) == 1:
+            ms = int(_idle_bound() * 1000)
+            cur.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+
+
+def _keepalive() -> None:
+    """A no-op statement: keeps a held transaction's session from counting as idle, and
+    fails at once if PostgreSQL already ended it (the caller then publishes nothing)."""
+    if connection.vendor == "postgresql" and connection.in_atomic_block:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+
+
 def _new_token(node: str) -> str:
     return f"{node or 'relay'}/{uuid.uuid4().hex[:12]}"
 
@@ -154,6 +186,7 @@ def _relay_batch(
     """One transaction: take up to ``size`` rows, check, publish, mark (module docstring)."""
     now = clock.now()
     with transaction.atomic():
+        bound_relay_transaction()
         lock = _skip_locked()
         ids = tenancy.take_fair_batch(candidates, size, lock=lock, now=now, until=now, token=token)
         if lock:
@@ -261,9 +294,10 @@ class LookaheadRelay:
     Driven by the caller's loop (the beat): :meth:`step` publishes held rows that became
     due, relays anything already due that nobody holds, and claims the next window;
     :meth:`next_due_at` says when the next held row is due, so the caller sleeps exactly
-    that long. Claims are durable (``claimed_by`` = this relay's token, expiring after
-    ``lease_seconds``): a relay that dies loses nothing, its rows become claimable again
-    when the claim expires. :meth:`close` gives back the claims of rows still held.
+    that long. Claims are durable (``claimed_by`` = this relay's token, expiring
+    ``claim_grace_seconds`` after the row's time): a relay that dies or stalls loses
+    nothing, its rows are published by another relay once the claim expired.
+    :meth:`close` gives back the claims of rows still held.
     """
 
     def __init__(
@@ -324,6 +358,7 @@ class LookaheadRelay:
     def _publish_held_batch(self, ids: list[int]) -> RelayReport:
         now = self.clock.now()
         with transaction.atomic():
+            bound_relay_transaction()
             rows_qs = OutboxEntry.objects.filter(id__in=ids, sent_at__isnull=True).filter(
                 _claim_free(now, self.token)
             )
@@ -351,7 +386,7 @@ class LookaheadRelay:
 
     def _claim_ahead_batch(self, size: int) -> RelayReport:
         now = self.clock.now()
-        lease = timedelta(seconds=conf.get().lease_seconds)
+        grace = timedelta(seconds=conf.get().claim_grace_seconds)
         until = now + self.lookahead
         candidates = _due_rows(now, self.token, self.shards, until=until)
         candidates = candidates.filter(available_at__gt=now)
@@ -361,7 +396,7 @@ class LookaheadRelay:
             )
             OutboxEntry.objects.filter(
                 _claim_free(now, self.token), id__in=ids, sent_at__isnull=True
-            ).update(claimed_by=self.token, claim_expires_at=now + lease)
+            ).update(claimed_by=self.token, claim_expires_at=F("available_at") + grace)
             claimed = list(
                 OutboxEntry.objects.filter(
                     id__in=ids, claimed_by=self.token, sent_at__isnull=True

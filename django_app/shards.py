@@ -23,6 +23,7 @@ and a dead node's shards move once its leases and heartbeat expire (about one le
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connection, transaction
@@ -74,7 +75,8 @@ def _free(now: datetime, node: str) -> Q:
 class ShardLeaser:
     """Holds this node's shard leases; call :meth:`refresh` every ``lease_seconds / 3``.
 
-    Not thread-safe: one leaser per beat loop. ``node`` must be unique per process (e.g.
+    One leaser per beat loop; :meth:`refresh` (the loop) and :meth:`renew` (a
+    :class:`LeaseKeeper` thread) take turns. ``node`` must be unique per process (e.g.
     ``f"{hostname}:{pid}"``): two processes with one name would renew each other's leases.
     """
 
@@ -96,6 +98,9 @@ class ShardLeaser:
         self._held: dict[int, int] = {}
         self._valid_until: datetime | None = None
         self._rows_ready = False
+        # refresh() (the loop) and renew() (the LeaseKeeper thread) take turns.
+        self._turn = threading.Lock()
+        self.last_renewed = clock.monotonic()
 
     @property
     def refresh_interval(self) -> float:
@@ -116,18 +121,47 @@ class ShardLeaser:
         cannot be reached; the node then holds nothing (it must wait, not run without
         ownership) and the next successful refresh reacquires its shards with new tokens.
         """
+        with self._turn:
+            try:
+                return self._refresh()
+            except DatabaseError as exc:
+                raise self._unavailable(exc) from exc
+
+    def renew(self) -> dict[int, int] | None:
+        """Heartbeat and renew the shards held, nothing else (the LeaseKeeper's call).
+
+        Runs on the calling thread's own database connection. Returns the holdings, or None
+        when a :meth:`refresh` is in progress (it renews them anyway).
+        """
+        if not self._turn.acquire(blocking=False):
+            return None
         try:
-            return self._refresh()
+            now = self.clock.now()
+            expires = now + self.lease
+            self._heartbeat(now)
+            renewed = self._renew(now, expires)
+            lost = sorted(set(self._held) - set(renewed))
+            if lost:
+                logger.warning("node %s lost shard leases %s", self.node, lost)
+            self._held = renewed
+            self._valid_until = expires
+            self.last_renewed = self.clock.monotonic()
+            return dict(renewed)
         except DatabaseError as exc:
-            self._held.clear()
-            self._valid_until = None
-            if not connection.in_atomic_block:
-                # A broken connection would fail every later refresh; reconnect next time.
-                connection.close_if_unusable_or_obsolete()
-            raise DatabaseUnavailable(
-                f"node {self.node!r}: cannot reach the database to lease shards ({exc}); "
-                "holding no shards until it answers"
-            ) from exc
+            raise self._unavailable(exc) from exc
+        finally:
+            self._turn.release()
+
+    def _unavailable(self, exc: DatabaseError) -> DatabaseUnavailable:
+        self._held.clear()
+        self._valid_until = None
+        if not connection.in_atomic_block:
+            # A broken connection would fail every later refresh; reconnect next time.
+            connection.close_if_unusable_or_obsolete()
+        return DatabaseUnavailable(
+            f"node {self.node!r}: cannot reach the database to lease shards ({exc}); "
+            "holding no shards until it answers"
+        )
 
     def check(self, shard: int) -> None:
         """:func:`check` with this node's token for ``shard`` (LeaseLost if it holds none)."""
@@ -188,6 +222,7 @@ class ShardLeaser:
         if step.acquire:
             self._held.update(self._acquire(step.acquire, now, expires))
         self._valid_until = expires
+        self.last_renewed = self.clock.monotonic()
         return dict(self._held)
 
     def _ensure_rows(self) -> None:
@@ -256,6 +291,47 @@ class ShardLeaser:
             ms = max(1, int(self.refresh_interval * 1000))
             with connection.cursor() as cur:
                 cur.execute(f"SET LOCAL lock_timeout = {ms}")
+
+
+class LeaseKeeper:
+    """Renews a :class:`ShardLeaser`'s leases from a thread (and connection) of its own.
+
+    The beat loop refreshes its leases between steps, but one step can last longer than a
+    lease: a burst wave holds its transaction from before its instant until the broker
+    accepted it. Whenever the loop has not renewed for half a refresh interval, this thread
+    renews (heartbeat + renew only: acquiring and releasing stay with the loop), so a long
+    step never costs the node its shards.
+    """
+
+    def __init__(self, leaser: ShardLeaser) -> None:
+        self.leaser = leaser
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"{leaser.node} lease keeper", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        leaser = self.leaser
+        every = leaser.refresh_interval / 2
+        while not self._stop.wait(every / 2):
+            if leaser.clock.monotonic() - leaser.last_renewed < every:
+                continue
+            try:
+                leaser.renew()
+            except DatabaseUnavailable as exc:
+                logger.warning("node %s: lease keeper: %s", leaser.node, exc)
+            finally:
+                # Renewing here is the exception (the loop is stuck in a long step): no
+                # idle connection is kept for it.
+                connection.close()
 
 
 def _bound_statements(seconds: float) -> None:

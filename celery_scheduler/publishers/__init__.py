@@ -131,18 +131,19 @@ class RecordingPublisher:
 REDIS_SCHEMES = ("redis://", "rediss://")
 
 
-def celery_publisher(app: Any) -> Publisher:
+def celery_publisher(app: Any, *, timeout: float | None = None) -> Publisher:
     """The default publisher for a Celery app (imported lazily: kombu is heavy).
 
     On a Redis broker the pipelined fast path (same bytes as kombu, one round trip per
     batch); elsewhere ``app.send_task`` through kombu. redis-py comes with the ``redis``
-    extra, so it is imported only for a Redis broker.
+    extra, so it is imported only for a Redis broker. ``timeout`` bounds every broker
+    socket wait (seconds; default: the broker's ``socket_timeout`` option, else 5).
     """
     url = app.conf.broker_write_url or app.conf.broker_url
     if isinstance(url, str) and url.startswith(REDIS_SCHEMES):
         from celery_scheduler.publishers.redis_fast import publisher_for
 
-        return publisher_for(app)
+        return publisher_for(app, timeout=timeout)
     from celery_scheduler.publishers.celery import CeleryPublisher
 
-    return CeleryPublisher(app)
+    return CeleryPublisher(app, timeout=timeout)

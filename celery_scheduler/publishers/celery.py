@@ -47,9 +47,17 @@ DEFAULT_RETRY_POLICY: dict[str, float] = {
 class CeleryPublisher:
     """Implements :class:`celery_scheduler.publishers.Publisher` with ``app.send_task``."""
 
-    def __init__(self, app: Any, *, retry_policy: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        retry_policy: dict[str, float] | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.app = app
         self.retry_policy = dict(DEFAULT_RETRY_POLICY if retry_policy is None else retry_policy)
+        #: kombu's publish timeout (seconds) per message; None: kombu's default.
+        self.timeout = timeout
 
     def route_for(self, message: OccurrenceMessage) -> dict[str, Any]:
         """Routing options (``queue`` etc.) for the message, computed for the real task."""
@@ -92,6 +100,7 @@ class CeleryPublisher:
             producer=producer,
             retry=True,
             retry_policy=self.retry_policy,
+            timeout=self.timeout,
             add_to_parent=False,
             **options,
         )

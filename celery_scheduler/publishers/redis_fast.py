@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 KOMBU_REDIS_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 FAST_SCHEMES = REDIS_SCHEMES
+#: Seconds any broker socket wait may last when neither the caller nor the app sets one.
+DEFAULT_PUBLISH_TIMEOUT = 5.0
 
 #: Exec options of the wrapper task that change the wire format in ways we do not rebuild.
 _UNSUPPORTED_TASK_OPTIONS = ("expires", "compression", "exchange", "routing_key")
@@ -160,6 +162,7 @@ class RedisFastPublisher:
         client: redis.Redis | None = None,
         fallback: Publisher | None = None,
         chunk_size: int = 5_000,
+        timeout: float | None = None,
     ) -> None:
         url = app.conf.broker_write_url or app.conf.broker_url
         if not is_fast_broker(url):
@@ -169,9 +172,20 @@ class RedisFastPublisher:
         options = dict(app.conf.broker_transport_options or {})
         self.app = app
         self.chunk_size = chunk_size
-        self.client = client if client is not None else redis.Redis.from_url(url)
-        self.fallback: Publisher = fallback if fallback is not None else CeleryPublisher(app)
-        self._router = CeleryPublisher(app)
+        # A hung Redis must fail the push (the relay's transaction then rolls back and its
+        # row locks go), not hold it forever: every socket wait is bounded.
+        self.timeout = broker_timeout(app, timeout)
+        self.client = (
+            client
+            if client is not None
+            else redis.Redis.from_url(
+                url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout
+            )
+        )
+        self.fallback: Publisher = (
+            fallback if fallback is not None else CeleryPublisher(app, timeout=self.timeout)
+        )
+        self._router = CeleryPublisher(app, timeout=self.timeout)
         self._keyprefix = str(options.get("global_keyprefix", ""))
         self._sep = str(options.get("sep", KOMBU_REDIS_SEP))  # kombu: a transport option too
         self._steps = tuple(options.get("priority_steps", KOMBU_PRIORITY_STEPS))
@@ -369,7 +383,10 @@ class RedisFastPublisher:
             if not needed:
                 return
             try:
-                with self.app.connection_for_write() as conn:
+                with self.app.connection_for_write(
+                    connect_timeout=self.timeout,
+                    transport_options=bounded_transport_options(self.app, self.timeout),
+                ) as conn:
                     channel = conn.default_channel
                     for name in needed:
                         self.app.amqp.queues[name](channel).declare()
@@ -398,6 +415,22 @@ class RedisFastPublisher:
         return found
 
 
+def broker_timeout(app: Any, timeout: float | None) -> float:
+    """``timeout`` if given, else the broker's own ``socket_timeout``, else the default."""
+    if timeout is not None:
+        return float(timeout)
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("socket_timeout") or DEFAULT_PUBLISH_TIMEOUT)
+
+
+def bounded_transport_options(app: Any, timeout: float) -> dict[str, Any]:
+    """The app's kombu transport options, with socket timeouts where it sets none."""
+    options = dict(app.conf.broker_transport_options or {})
+    options.setdefault("socket_timeout", timeout)
+    options.setdefault("socket_connect_timeout", timeout)
+    return options
+
+
 def publisher_for(app: Any, **kwargs: Any) -> Publisher:
     """The fastest publisher that writes exactly what kombu would for ``app``'s broker."""
     url = app.conf.broker_write_url or app.conf.broker_url
@@ -406,4 +439,4 @@ def publisher_for(app: Any, **kwargs: Any) -> Publisher:
             return RedisFastPublisher(app, **kwargs)
         except FastPathUnsupported as exc:
             logger.info("Redis fast path off, publishing through kombu: %s", exc)
-    return CeleryPublisher(app)
+    return CeleryPublisher(app, timeout=kwargs.get("timeout"))

@@ -1,0 +1,94 @@
+"""Issue 15, item 6: a stalled beat does not hold strict work hostage.
+
+Two real beats on PostgreSQL + Redis. One-off schedules come due together; whichever beat
+claimed them ahead is frozen with SIGSTOP just before their instant (its wave transaction
+is open, the occurrence rows locked) and stays frozen for ``STALL`` seconds. Before, the
+claims lasted the row's time plus ``lease_seconds`` (30 s) and the row locks as long as the
+process was frozen: the rows went out when it was resumed, ``STALL`` seconds late. Now the
+other beat must publish every one of them within ``BOUND`` seconds of its time (the strict
+SLO), and each message reaches the broker exactly once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_scheduler import api
+from celery_scheduler.core.clock import SYSTEM_CLOCK
+from django_app.models import BeatNode, Occurrence, OutboxEntry
+from tests.acceptance import support
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
+
+ROWS = 20
+#: Seconds the claiming beat stays frozen.
+STALL = 20.0
+#: Seconds after its time by which every row must be on the broker (README's worst case).
+BOUND = 5.0
+
+
+def test_a_stopped_beats_claims_are_published_by_the_other_beat_within_the_bound(
+    redis_url: str, tmp_path: Path, settings: Any
+) -> None:
+    settings.CELERY_SCHEDULER = {"shard_count": 8}
+    env = support.process_env(redis_url, CELERY_SCHEDULER_SHARDS="8")
+    beats = [support.start_beat(env, tmp_path / f"beat{n}.log") for n in range(2)]
+    with support.running(*beats):
+        support.wait_until(
+            lambda: BeatNode.objects.count() == 2, timeout=90, what="both beats to heartbeat"
+        )
+        due = SYSTEM_CLOCK.now() + timedelta(seconds=12)
+        for i in range(ROWS):
+            api.create_schedule(name=f"strict-{i}", task="billing.ping", run_at=due)
+        support.wait_until(
+            lambda: OutboxEntry.objects.exclude(claimed_by="").count() == ROWS,
+            timeout=(due - SYSTEM_CLOCK.now()).total_seconds() - 1,
+            what="the rows to be claimed ahead",
+        )
+        holders = Counter(
+            token.split("/")[0]
+            for token in OutboxEntry.objects.values_list("claimed_by", flat=True)
+        )
+        holder_node, held = holders.most_common(1)[0]
+        holder = next(b for b in beats if holder_node.endswith(f":{b.pid}"))
+        claimed = set(
+            OutboxEntry.objects.filter(claimed_by__startswith=holder_node + "/").values_list(
+                "occurrence_id", flat=True
+            )
+        )
+        time.sleep(max(0.0, (due - SYSTEM_CLOCK.now()).total_seconds() - 0.4))
+        holder.send_signal(signal.SIGSTOP)
+        try:
+            support.wait_until(
+                lambda: OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0,
+                timeout=STALL,
+                what="every row to be published while the holder is stopped",
+            )
+        finally:
+            remaining = STALL - (SYSTEM_CLOCK.now() - due).total_seconds()
+            time.sleep(max(0.0, remaining))  # stay frozen the whole stall, then resume
+            holder.send_signal(signal.SIGCONT)
+        time.sleep(3)  # the resumed beat must not publish its (lapsed) rows again
+    lags = sorted(
+        (o.outbox.sent_at - o.available_at).total_seconds()
+        for o in Occurrence.objects.filter(id__in=claimed).select_related("outbox")
+    )
+    print(f"holder held {held}/{ROWS} rows; their lags (s): {[round(x, 2) for x in lags]}")
+    assert len(lags) == len(claimed) == held
+    assert lags[-1] <= BOUND, (lags, support.tail(tmp_path / "beat0.log"))
+    on_broker = Counter(support.broker_task_ids(redis_url))
+    assert set(on_broker) == {str(i) for i in Occurrence.objects.values_list("id", flat=True)}
+    assert set(on_broker.values()) == {1}, on_broker
