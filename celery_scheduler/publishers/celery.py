@@ -96,6 +96,7 @@ class CeleryPublisher:
             RUN_OCCURRENCE_TASK,
             kwargs=message.task_kwargs(),
             task_id=message.task_id,
+            shadow=message.task,  # logs, events and Flower name the user's task
             headers=message.headers(),
             producer=producer,
             retry=True,

@@ -237,7 +237,8 @@ class RedisFastPublisher:
             "lang": "py",
             "task": RUN_OCCURRENCE_TASK,
             "id": task_id,
-            "shadow": None,
+            # Worker logs, events and Flower name the user's task, not the wrapper.
+            "shadow": message.task,
             "eta": None,
             "expires": None,
             "group": None,

@@ -116,6 +116,8 @@ def test_envelope_equals_send_task_field_by_field(
     uuid.UUID(fast["properties"]["delivery_tag"])
     assert fast["headers"]["id"] == sent.occurrence_id
     assert fast["properties"]["body_encoding"] == "base64"
+    # Worker logs, events and Flower show the user's task, not the wrapper.
+    assert fast["headers"]["shadow"] == reference["headers"]["shadow"] == sent.task
 
 
 @pytest.mark.redis
