@@ -21,7 +21,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
-from django_app import conf, validation
+from django_app import conf, replan, validation
 from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, Tenant
 
 
@@ -139,7 +139,7 @@ def update_schedule(
         if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
             schedule.start_at = now
         schedule.content_hash = spec.content_hash()
-        invalidated_from = _earliest_invalidatable(schedule)
+        invalidated_from = replan.earliest_never_claimed(schedule)
         old_cursor = schedule.next_run_at
         closed_at = _materialized_until(schedule, now)
         schedule.version += 1
@@ -149,13 +149,18 @@ def update_schedule(
             # version was closed when it was parked; the cursor resumes where it stopped.
             _unpark(schedule)
         if schedule.state == ScheduleState.ACTIVE:
+            start = old_cursor
             if trigger_changed or old_cursor is None:
-                schedule.next_run_at = _first_run(spec, schedule.start_at, now)
+                start = _first_run(spec, schedule.start_at, now)
             elif invalidated_from is not None:
-                # Re-materialize the invalidated times under the new version.
-                schedule.next_run_at = min(old_cursor, invalidated_from)
+                # The invalidated times that nobody claimed are planned again; the ones
+                # an older version claimed or finished are skipped (django_app.replan).
+                start = min(old_cursor, invalidated_from)
+            schedule.next_run_at = (
+                None if start is None else replan.start_version_at(schedule, start, now=now)
+            )
             _close_version(schedule, closed_at)
-            _open_version(schedule, min(now, schedule.next_run_at or now))
+            _open_version(schedule, min(now, start or now))
         schedule.save()
         return LifecycleResult(
             schedule=schedule, version=schedule.version, state=schedule.state, **result
@@ -171,6 +176,12 @@ def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) 
             return _unchanged(schedule)
         _require_state(schedule, ScheduleState.ACTIVE, "paused")
         _close_version(schedule, _materialized_until(schedule, now))
+        # The cursor goes back to the first time this pause takes from the workers before
+        # they claimed it, so resume plans it again (now, or by the misfire policy if it
+        # has passed by then) instead of starting after everything materialized so far.
+        never_claimed = replan.earliest_never_claimed(schedule)
+        if never_claimed is not None and schedule.next_run_at is not None:
+            schedule.next_run_at = min(schedule.next_run_at, never_claimed)
         schedule.version += 1
         schedule.state = ScheduleState.PAUSED.value
         result = _invalidate(schedule, now)
@@ -202,11 +213,14 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         trigger = spec.trigger(anchor=schedule.start_at or now)
         schedule.version += 1
         schedule.state = ScheduleState.ACTIVE.value
-        schedule.next_run_at = _resume_cursor(schedule, trigger, now)
+        start = _resume_cursor(schedule, trigger, now)
+        schedule.next_run_at = (
+            None if start is None else replan.start_version_at(schedule, start, now=now)
+        )
         if schedule.next_run_at is None:
             schedule.state = ScheduleState.COMPLETED.value
-        else:
-            _open_version(schedule, min(now, schedule.next_run_at))
+        if start is not None:
+            _open_version(schedule, min(now, start))
         schedule.save()
         return LifecycleResult(schedule=schedule, version=schedule.version, state=schedule.state)
 
@@ -328,21 +342,6 @@ def _invalidate(schedule: Schedule, now: datetime) -> dict[str, Any]:
         ).values_list("id", flat=True)
     )
     return {"invalidated": invalidated, "still_running": running}
-
-
-def _earliest_invalidatable(schedule: Schedule) -> datetime | None:
-    first = (
-        Occurrence.objects.filter(
-            schedule=schedule,
-            schedule_version=schedule.version,
-            state__in=[s.value for s in UNCLAIMED],
-            manual=False,
-        )
-        .order_by("scheduled_for")
-        .values_list("scheduled_for", flat=True)
-        .first()
-    )
-    return first
 
 
 def _first_run(

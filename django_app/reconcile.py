@@ -11,6 +11,9 @@ its ``start_at``/``end_at`` (``end_at`` inclusive). Pause and cancel close the i
 resume and update open a new row for the new version. Times when no version was live are not
 expected.
 
+A time that an older version of the schedule claimed or finished is never planned again by
+a newer one (``django_app.replan``): the older version's occurrence answers for it.
+
 Statuses of an expected occurrence: succeeded, failed (DEAD), canceled, missed, skipped
 (SKIPPED_OVERLAP), pending (SCHEDULED / ENQUEUED / RUNNING / RETRY_WAIT), skipped_by_policy
 (no row, but inside a ``SkippedSpan`` the materializer recorded when the misfire policy jumped
@@ -40,6 +43,7 @@ from django.db.models import QuerySet
 from celery_scheduler.core import ids
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.timemath import fire_times
+from django_app import replan
 from django_app.materializer import trigger_for
 from django_app.models import Occurrence, Schedule, ScheduleVersion, SkippedSpan
 
@@ -194,7 +198,10 @@ class Progress:
     rows_read: int
 
 
-_Row = tuple[uuid.UUID, uuid.UUID, int, datetime, str, bool]  # id, schedule, ver, at, state, manual
+#: id, schedule, version, scheduled_for, state, manual, attempt_count
+_Row = tuple[uuid.UUID, uuid.UUID, int, datetime, str, bool, int]
+_ROW_FIELDS = ("id", "schedule_id", "schedule_version", "scheduled_for", "state", "manual",
+               "attempt_count")  # fmt: skip
 
 
 def occurrence_window(
@@ -210,7 +217,7 @@ def occurrence_window(
             schedule_id__in=schedule_ids, scheduled_for__gte=start, scheduled_for__lt=end
         )
         .order_by("schedule_id", "scheduled_for", "schedule_version")
-        .values_list("id", "schedule_id", "schedule_version", "scheduled_for", "state", "manual")
+        .values_list(*_ROW_FIELDS)
     )
 
 
@@ -313,14 +320,23 @@ def _judge(
     end: datetime,
     now: datetime,
 ) -> Iterator[Item]:
-    """Merge-join one schedule's expected (time, version) keys with its rows (same order)."""
+    """Merge-join one schedule's expected (time, version) keys with its rows (same order).
+
+    A key with no row of its own is answered by an older version's row at the same time
+    that was claimed or finished (``django_app.replan`` never plans that time again); rows
+    of one time come in version order, so that row has been read when the key comes up.
+    """
     expected = heapq.merge(*(_keyed(w, start, end) for w in windows))
     want = next(expected, None)
-    for oid, _, ver, at, state, manual in rows:
+    took: _Row | None = None  # the latest claimed-or-finished row read, for older versions
+    for row in rows:
+        oid, _, ver, at, state, manual, attempts = row
         have = (at, ver)
         while want is not None and want < have:
-            yield _missing(sid, want, spans, now)
+            yield _missing(sid, want, spans, now, took)
             want = next(expected, None)
+        if not manual and replan.is_taken(state, attempts):
+            took = row
         if want == have:
             yield Item(schedule_id=sid, version=ver, scheduled_for=at, occurrence_id=oid,
                        status=STATUS_OF_STATE.get(state, state), state=state)  # fmt: skip
@@ -329,7 +345,7 @@ def _judge(
             yield Item(schedule_id=sid, version=ver, scheduled_for=at, occurrence_id=oid,
                        status=UNEXPECTED, state=state)  # fmt: skip
     while want is not None:
-        yield _missing(sid, want, spans, now)
+        yield _missing(sid, want, spans, now, took)
         want = next(expected, None)
 
 
@@ -343,8 +359,13 @@ def _missing(
     key: tuple[datetime, int],
     spans: dict[tuple[uuid.UUID, int], list[tuple[datetime, datetime]]],
     now: datetime,
+    took: _Row | None,
 ) -> Item:
     at, ver = key
+    if took is not None and took[3] == at and took[2] < ver:
+        oid, state = took[0], took[4]
+        return Item(schedule_id=sid, version=ver, scheduled_for=at, occurrence_id=oid,
+                    status=STATUS_OF_STATE.get(state, state), state=state)  # fmt: skip
     if at > now:
         status = UPCOMING
     elif any(lo <= at < hi for lo, hi in spans.get((sid, ver), ())):
