@@ -116,16 +116,32 @@ def create_schedule(
 
 
 def update_schedule(
-    schedule_id: uuid.UUID | str, *, clock: Clock | None = None, **changes: Any
+    schedule_id: uuid.UUID | str,
+    *,
+    expected_version: int | None = None,
+    clock: Clock | None = None,
+    **changes: Any,
 ) -> LifecycleResult:
     """Change any create field as a new version.
 
     Unclaimed occurrences of older versions become CANCELED (never deleted); the result
-    says how many, and which occurrences are still running under an older version.
+    says how many, and which occurrences are still running under an older version. Their
+    times are planned again under the new version unless an older version already claimed
+    or finished them (those never run twice; see README, "Lifecycle").
+
+    Args:
+        expected_version: The version the change was made against (e.g. the one an edit
+            form loaded). If the schedule has moved on, nothing is written.
+
+    Raises:
+        celery_scheduler.errors.VersionConflict: ``expected_version`` is not the current one.
+        celery_scheduler.errors.ValidationError: a subclass naming the bad field.
     """
     from django_app import lifecycle
 
-    return lifecycle.update_schedule(schedule_id, clock=clock, **changes)
+    return lifecycle.update_schedule(
+        schedule_id, clock=clock, expected_version=expected_version, **changes
+    )
 
 
 def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
@@ -149,15 +165,31 @@ def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
     return lifecycle.cancel_schedule(schedule_id, clock=clock)
 
 
-def run_now(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
-    """Create a manual occurrence (its own id) that the relay publishes right away."""
+def run_now(
+    schedule_id: uuid.UUID | str,
+    *,
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> Occurrence:
+    """Create a manual occurrence (its own id) that the relay publishes right away.
+
+    Args:
+        idempotency_key: The same key for the same schedule returns the occurrence the
+            first call created instead of running again (a double click, a retried
+            request). Without it every call is a new run.
+    """
     from django_app import lifecycle
 
-    return lifecycle.run_now(schedule_id, clock=clock)
+    return lifecycle.run_now(schedule_id, idempotency_key=idempotency_key, clock=clock)
 
 
 def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
-    """Re-enqueue a DEAD occurrence under the same occurrence id (attempts are kept)."""
+    """Re-enqueue a DEAD occurrence under the same occurrence id (attempts are kept).
+
+    Refused (``InvalidStateTransition``, nothing changed) when a worker would not run it:
+    its schedule is canceled, or it belongs to an older version than the schedule's
+    (a manual run survives version bumps); use ``run_now`` to run the current version.
+    """
     from django_app.worker import replay_occurrence as replay
 
     return replay(occurrence_id, clock=clock)

@@ -72,6 +72,20 @@ class InvalidStateTransition(SchedulerError):
     """A lifecycle call that the current state does not allow (e.g. resume a canceled schedule)."""
 
 
+class VersionConflict(SchedulerError):
+    """An update said which version it was made against, and the schedule has moved on.
+
+    Two admins editing the same schedule: the second save would silently overwrite the
+    first. ``expected`` is the version the caller loaded, ``actual`` the current one;
+    nothing was written. Reload, re-apply the change, and pass the new version.
+    """
+
+    def __init__(self, message: str, *, expected: int, actual: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
 class QuotaExceeded(SchedulerError):
     """A tenant quota (schedule count, rate, concurrency) would be exceeded."""
 

@@ -116,12 +116,21 @@ def create_schedule(
 
 
 def update_schedule(
-    schedule_id: uuid.UUID | str, *, clock: Clock | None = None, **changes: Any
+    schedule_id: uuid.UUID | str,
+    *,
+    clock: Clock | None = None,
+    expected_version: int | None = None,
+    **changes: Any,
 ) -> LifecycleResult:
-    """Apply ``changes`` as a new version; unclaimed older-version occurrences are canceled."""
+    """Apply ``changes`` as a new version; unclaimed older-version occurrences are canceled.
+
+    With ``expected_version``, raise :class:`errors.VersionConflict` (nothing written) unless
+    the schedule is still at that version.
+    """
     now = (clock or SYSTEM_CLOCK).now()
     with transaction.atomic():
         schedule = _locked(schedule_id)
+        _check_version(schedule, expected_version)
         if schedule.state in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
             raise errors.InvalidStateTransition(
                 f"schedule {schedule.id} is {schedule.state}; it cannot be updated"
@@ -243,15 +252,35 @@ def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         )
 
 
-def run_now(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
-    """A one-off manual occurrence with its own id, delivered through the outbox."""
+def run_now(
+    schedule_id: uuid.UUID | str,
+    *,
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> Occurrence:
+    """A one-off manual occurrence with its own id, delivered through the outbox.
+
+    With ``idempotency_key`` the id comes from (schedule, key): asking again with the same
+    key returns the occurrence the first request created, whatever became of it.
+    """
     now = (clock or SYSTEM_CLOCK).now()
+    if idempotency_key is not None:
+        idempotency_key = validation._text(idempotency_key, "idempotency_key", required=True)
     with transaction.atomic():
+        # The schedule row lock serialises two requests with one key: the second sees the
+        # first's row here.
         schedule = _locked(schedule_id)
+        if idempotency_key is not None:
+            occ_id = ids.manual_occurrence_id(schedule.id, idempotency_key)
+            existing = Occurrence.objects.filter(pk=occ_id).first()
+            if existing is not None:
+                return existing
+        else:
+            occ_id = ids.occurrence_id(schedule.id, schedule.version, now)
         if schedule.state == ScheduleState.CANCELED:
             raise errors.InvalidStateTransition(f"schedule {schedule.id} is canceled")
         occurrence = Occurrence.objects.create(
-            id=ids.occurrence_id(schedule.id, schedule.version, now),
+            id=occ_id,
             schedule=schedule, schedule_version=schedule.version, tenant_id=schedule.tenant_id,
             scheduled_for=now, available_at=now, manual=True, reason="run now",
         )  # fmt: skip
@@ -301,6 +330,18 @@ def _unpark(schedule: Schedule) -> None:
     schedule.state = ScheduleState.ACTIVE.value
     schedule.parked_reason = ""
     schedule.parked_at = None
+
+
+def _check_version(schedule: Schedule, expected: int | None) -> None:
+    if expected is None or int(expected) == schedule.version:
+        return
+    raise errors.VersionConflict(
+        f"schedule {schedule.id} was changed since you loaded it: you edited version "
+        f"{int(expected)}, it is now version {schedule.version}; reload it and apply your "
+        "change again",
+        expected=int(expected),
+        actual=schedule.version,
+    )
 
 
 def _require_state(schedule: Schedule, state: ScheduleState, verb: str) -> None:

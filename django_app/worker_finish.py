@@ -20,7 +20,7 @@ from django.db.models import Max
 
 from celery_scheduler import errors, metrics
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
-from celery_scheduler.core.enums import AttemptOutcome
+from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from django_app import conf
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
@@ -235,12 +235,29 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
     return reaped
 
 
+def _refuse_unrunnable(occ: Occurrence, schedule: Schedule) -> None:
+    """Say now what a claim would do silently: cancel a replay of a superseded run."""
+    if schedule.state == ScheduleState.CANCELED:
+        raise errors.InvalidStateTransition(
+            f"occurrence {occ.pk} cannot be replayed: its schedule {schedule.pk} is canceled"
+        )
+    if not occ.manual and occ.schedule_version != schedule.version:
+        raise errors.InvalidStateTransition(
+            f"occurrence {occ.pk} cannot be replayed: it belongs to version "
+            f"{occ.schedule_version} of schedule {schedule.pk}, which is now at version "
+            f"{schedule.version}, so a worker would cancel it unrun; use Run now "
+            "(api.run_now) to run the current version"
+        )
+
+
 def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
     """DEAD -> ENQUEUED with the same id; attempts and last_error are kept for audit.
 
     The replayed run gets a fresh ``max_attempts`` budget (attempts are counted from the
     last FAILED one). Raises :class:`errors.OccurrenceNotFound` or
-    :class:`errors.InvalidStateTransition` (only DEAD occurrences can be replayed).
+    :class:`errors.InvalidStateTransition`: only DEAD occurrences can be replayed, and only
+    if a worker would run them (schedule not canceled; the schedule's current version, or
+    a manual run) rather than cancel them at claim.
     """
     now = (clock or SYSTEM_CLOCK).now()
     try:
@@ -248,9 +265,15 @@ def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = N
     except ValueError:
         raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}") from None
     with transaction.atomic():
-        occ = Occurrence.objects.select_for_update().filter(pk=occ_id).first()
-        if occ is None:
+        # Schedule row first, as a claim locks it: the version read here cannot move on
+        # before the replayed occurrence is enqueued.
+        owner = Occurrence.objects.filter(pk=occ_id).values_list("schedule_id", flat=True).first()
+        if owner is None:
             raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}")
+        schedule = Schedule.objects.select_for_update().get(pk=owner)
+        occ = Occurrence.objects.select_for_update().get(pk=occ_id)
+        if occ.state == S.DEAD:
+            _refuse_unrunnable(occ, schedule)
         n = Occurrence.objects.filter(pk=occ_id, state=S.DEAD).update(
             state=S.ENQUEUED, retry_at=None, finished_at=None, reason=f"replayed at {now:%c}"
         )

@@ -31,6 +31,16 @@ def occurrence_id(schedule_id: uuid.UUID | str, version: int, scheduled_for: dat
     return uuid.uuid5(OCCURRENCE_NAMESPACE, name)
 
 
+def manual_occurrence_id(schedule_id: uuid.UUID | str, idempotency_key: str) -> uuid.UUID:
+    """The id of the "run now" occurrence of ``schedule_id`` asked for with ``idempotency_key``.
+
+    Independent of the version and the time, so a repeated request (a double click, a
+    retried API call) finds the occurrence the first one created.
+    """
+    name = f"{uuid.UUID(str(schedule_id))}/run-now/{idempotency_key}"
+    return uuid.uuid5(OCCURRENCE_NAMESPACE, name)
+
+
 def _stable_hash(value: str) -> int:
     # Python's hash() is salted per process; shards must agree across processes.
     return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "big")

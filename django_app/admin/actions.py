@@ -17,6 +17,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from celery_scheduler import errors
+from celery_scheduler.core import ids
 from django_app.models import Occurrence, Schedule
 
 #: verb -> (API function name, past tense for messages)
@@ -75,32 +76,61 @@ def _describe(result: Any) -> str:
     return str(describe()) if callable(describe) else _("done")
 
 
-def run_now(request: HttpRequest, schedules: Iterable[Schedule]) -> int:
-    """Create one manual occurrence per schedule (the relay publishes it; never apply_async)."""
+def run_now(
+    request: HttpRequest, schedules: Iterable[Schedule], *, submission: str | None = None
+) -> int:
+    """Create one manual occurrence per schedule (the relay publishes it; never apply_async).
+
+    ``submission`` is the key of the page the request came from: the same page submitted
+    twice finds the occurrences the first submission created and runs nothing again.
+    """
     created: list[tuple[Schedule, Occurrence]] = []
+    repeated: list[tuple[Schedule, Occurrence]] = []
+    key = f"admin:{submission}" if submission and submission.strip() else None
     for schedule in schedules:
+        known = key is not None and _already_run(schedule, key)
         try:
-            occurrence = _api().run_now(schedule.pk)
-            created.append((schedule, occurrence))
-            audit(request, schedule, f"Run now: manual occurrence {occurrence.pk}")
+            occurrence = _api().run_now(schedule.pk, idempotency_key=key)
         except errors.SchedulerError as exc:
             messages.warning(
                 request, format_html(_("Could not run “{}” now: {}"), schedule.name, str(exc))
             )
-    if created:
-        links = format_html_join(
-            ", ",
-            '“{}” → <a href="{}">occurrence {}</a>',
-            (
-                (s.name, reverse("admin:django_app_occurrence_change", args=[o.pk]), str(o.pk)[:8])
-                for s, o in created
+            continue
+        if known:
+            repeated.append((schedule, occurrence))
+            continue
+        created.append((schedule, occurrence))
+        audit(request, schedule, f"Run now: manual occurrence {occurrence.pk}")
+    if repeated:
+        messages.info(
+            request,
+            format_html(
+                "{}: {}",
+                _("Already queued by this submission, not run again"),
+                _links(repeated),
             ),
         )
+    if created:
         summary = ngettext(
             "Queued %(count)d manual run", "Queued %(count)d manual runs", len(created)
         ) % {"count": len(created)}
-        messages.success(request, format_html("{}: {}", summary, links))
+        messages.success(request, format_html("{}: {}", summary, _links(created)))
     return len(created)
+
+
+def _already_run(schedule: Schedule, key: str) -> bool:
+    return Occurrence.objects.filter(pk=ids.manual_occurrence_id(schedule.pk, key)).exists()
+
+
+def _links(runs: list[tuple[Schedule, Occurrence]]) -> str:
+    return format_html_join(
+        ", ",
+        '“{}” → <a href="{}">occurrence {}</a>',
+        (
+            (s.name, reverse("admin:django_app_occurrence_change", args=[o.pk]), str(o.pk)[:8])
+            for s, o in runs
+        ),
+    )
 
 
 def replay(request: HttpRequest, occurrences: Iterable[Occurrence]) -> int:

@@ -116,6 +116,9 @@ class ScheduleForm(forms.ModelForm):
     task = forms.ChoiceField(help_text=HELP_TEXTS["task"])
     args = ArgumentsJSONField(required=False, initial=list, help_text=HELP_TEXTS["args"])
     kwargs = ArgumentsJSONField(required=False, initial=dict, help_text=HELP_TEXTS["kwargs"])
+    #: The version the change page was loaded at: a save made against an older version
+    #: than the current one is refused instead of overwriting someone else's change.
+    loaded_version = forms.IntegerField(required=False, widget=forms.HiddenInput, label="")
 
     class Meta:
         model = Schedule
@@ -149,6 +152,8 @@ class ScheduleForm(forms.ModelForm):
         for name in ("args", "kwargs"):
             self.fields[name].widget.attrs.update({"rows": 2, "class": "cs-mono"})
         self.fields["task"].choices = self._task_choices()  # type: ignore[attr-defined]
+        if not self.instance._state.adding:
+            self.fields["loaded_version"].initial = self.instance.version
         if "tenant" in self.fields:
             self.fields["tenant"].required = False
             self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]
@@ -211,7 +216,11 @@ class ScheduleForm(forms.ModelForm):
                 changed = set(self.changed_data) & {*bridge.API_FIELDS, "kind"}
                 if changed:
                     values = bridge.api_values(self.cleaned_data, changed)
-                    self.lifecycle_result = api.update_schedule(self.instance.pk, **values)
+                    self.lifecycle_result = api.update_schedule(
+                        self.instance.pk,
+                        expected_version=self.cleaned_data.get("loaded_version"),
+                        **values,
+                    )
                     self.instance = self.lifecycle_result.schedule
         except errors.ValidationError as exc:
             field = bridge.form_field_for(exc.field, set(self.fields))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -43,6 +46,19 @@ BUTTON_LABELS = {
     "cancel": _("Cancel schedule"),
     "run_now": _("Run now"),
 }
+
+
+def new_submission_key() -> str:
+    return uuid.uuid4().hex
+
+
+class SubmissionActionForm(ActionForm):
+    """The action bar with a key per rendered page: submitting it twice (a double click,
+    a resent POST) runs "run now" once (``actions.run_now``)."""
+
+    idempotency_key = forms.CharField(
+        required=False, widget=forms.HiddenInput, label="", initial=new_submission_key
+    )
 
 
 class TaskFilter(admin.SimpleListFilter):
@@ -85,6 +101,7 @@ class ScheduleAdmin(TenantScopedAdmin):
     search_fields = ("name", "task")
     list_per_page = 50
     actions = ("pause_selected", "resume_selected", "cancel_selected", "run_selected_now")
+    action_form = SubmissionActionForm
     save_as = False
 
     # --- queryset, form, permissions -------------------------------------------------------
@@ -105,7 +122,11 @@ class ScheduleAdmin(TenantScopedAdmin):
         who = ["name", "task", "args", "kwargs"]
         if shows_tenants(request):
             who.insert(1, "tenant")
-        status = ("state_column", "version", "next_run_display", "history") if obj else ()
+        status = (
+            ("state_column", "version", "next_run_display", "history", "loaded_version")
+            if obj
+            else ()
+        )
         return [
             (None, {"fields": [*status]}) if obj else (None, {"fields": []}),
             (_("What runs"), {"fields": who}),
@@ -319,7 +340,7 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     @admin.action(description=_("Run selected schedules now"), permissions=["change"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        actions.run_now(request, queryset)
+        actions.run_now(request, queryset, submission=request.POST.get("idempotency_key"))
 
     # --- extra URLs -------------------------------------------------------------------------
 
@@ -352,7 +373,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         if not self.has_change_permission(request, schedule):
             raise PermissionDenied
         if verb == "run_now":
-            actions.run_now(request, [schedule])
+            actions.run_now(request, [schedule], submission=request.POST.get("idempotency_key"))
         else:
             actions.apply_lifecycle(request, [schedule], verb)
         return HttpResponseRedirect(reverse("admin:django_app_schedule_change", args=[schedule.pk]))
@@ -367,6 +388,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         obj: Any = None,
     ) -> HttpResponse:
         context["preview_url"] = reverse("admin:django_app_schedule_preview")
+        context["submission_key"] = new_submission_key()
         context["tenant_name"] = None if sees_all_tenants(request) else tenant_of(request)
         if obj is not None and self.has_change_permission(request, obj):
             context["lifecycle_buttons"] = [
