@@ -329,7 +329,7 @@ def judge(
     }
     lags = observed_lags(effects, scheds, replayed, cfg.claim_bound)
     # A system lagging at the end cannot be asked to have run what it was still catching up on.
-    tail = lags.around(end, before=60, after=0, floor=0)
+    tail = lags.around(end, before=20, after=0, floor=0)
     cfg = replace(cfg, judge_to=min(cfg.judge_to, end - timedelta(seconds=tail)))
     classes = {sid: classify(s, cfg, end, lags) for sid, s in scheds.items()}
     manual = {

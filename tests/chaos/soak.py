@@ -258,6 +258,44 @@ def render(result: SoakResult, cfg: SoakConfig, judge_from: datetime, judge_to: 
     return "\n".join(lines)
 
 
+_TIMES = ("start", "end", "at", "scheduled_for", "start_at", "run_at")
+
+
+def _revive(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _revive(v, k) for k, v in value.items()}
+    if isinstance(value, str) and key in _TIMES:
+        return datetime.fromisoformat(value)
+    return value
+
+
+def rejudge(folder: Path) -> Verdict:
+    """Judge a finished run again from its files (history, effects, attempts, reconcile)."""
+    history = [_revive(json.loads(line)) for line in (folder / "history.jsonl").open()]
+    effects = []
+    for line in (folder / "effects.jsonl").open():
+        raw = json.loads(line)
+        for key in ("scheduled_for", "delivered_at", "started_at", "ended_at"):
+            raw[key] = None if raw[key] in (None, "None") else datetime.fromisoformat(raw[key])
+        effects.append(effect_log.Effect(**raw))
+    report = json.loads((folder / "reconcile.json").read_text() or "null")
+    ready = next(r["at"] for r in history if r["type"] == "ready")
+    stop = next(r["at"] for r in history if r["type"] == "stopped")
+    lease = float(json.loads(os.environ.get("CHAOS_LEASE", "6")))
+    return judge(
+        history,
+        effects,
+        JudgeConfig(
+            judge_from=ready + timedelta(seconds=WARMUP_SECONDS),
+            judge_to=stop - timedelta(seconds=TAIL_SECONDS),
+            occurrence_lease=lease,
+        ),
+        end=stop,
+        reconcile=report,
+        attempts=read_attempts(folder),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=25, help="chaos phase length")
@@ -272,7 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         help="broker when redis-server is not installed (FLUSHDB'd!)",
     )
     parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--rejudge", default=None, help="judge a finished run's folder again")
     args = parser.parse_args(argv)
+    if args.rejudge:
+        verdict = rejudge(Path(args.rejudge))
+        print(verdict.counts, verdict.by_kind())
+        for item in verdict.violations:
+            print(item.render())
+        return 1 if verdict.violations else 0
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
     url = f"{args.pg}/{args.database}"
     recreate_database(args.pg, args.database)

@@ -41,7 +41,7 @@ def test_short_chaos_soak_has_no_violations(settings: Any, redis_url: str, tmp_p
     cfg = SoakConfig(
         seed=seed,
         chaos_seconds=float(os.environ.get("CHAOS_SECONDS", 60)),
-        quiet_seconds=40,
+        quiet_seconds=45,
         schedules=120,
         database_url=database_url(),
         log_dir=Path(os.environ.get("CHAOS_LOG_DIR") or tmp_path / f"soak-{seed}"),
