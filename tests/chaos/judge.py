@@ -490,8 +490,10 @@ def judge(
         s = scheds.get(sid)
         if s is None or a["occurrence_id"] in manual or (sid, t) in by_time:
             continue
-        if classes[sid].get(t) == MUST or t > cfg.judge_to or t < cfg.judge_from:
-            continue  # a MUST time is judged above; unsettled times are not judged
+        if classes[sid].get(t) == MUST or (sid, t) in replay_must:
+            continue  # judged above
+        if t > cfg.judge_to or t < cfg.judge_from:
+            continue  # unsettled times are not judged
         if s.create.get("poison") and is_poisoned(sid, t) and (sid, t) not in cured:
             continue  # DEAD by design until cured
         invalidated = any(
