@@ -223,7 +223,30 @@ class Lags:
         return max([self.floor if floor is None else floor, *(1.5 * lag + 5 for lag in seen)])
 
 
-def classify(s: Sched, cfg: JudgeConfig, end: datetime, lags: Lags) -> dict[datetime, str]:
+def cap_key(s: Sched) -> str | None:
+    c = s.create
+    if not c.get("concurrency_limit"):
+        return None
+    group = c.get("concurrency_group")
+    return f"group {s.tenant}/{group}" if group else f"cap of {s.key}"
+
+
+def slot_waits(scheds: dict[str, Sched]) -> dict[str, float]:
+    """How long a capped schedule's run may wait for a slot: its group's longest bodies."""
+    longest: dict[str, float] = defaultdict(float)
+    for s in scheds.values():
+        key = cap_key(s)
+        if key is not None:
+            body = max(float(s.create.get("long") or 0), float(s.create.get("duration") or 0))
+            longest[key] = max(longest[key], body)
+    return {
+        sid: 2 * longest[key] + 10 for sid, s in scheds.items() if (key := cap_key(s)) is not None
+    }
+
+
+def classify(
+    s: Sched, cfg: JudgeConfig, end: datetime, lags: Lags, slot_wait: float = 0.0
+) -> dict[datetime, str]:
     """MUST / MAY for every fire time the schedule may run; absent keys: never."""
     out: dict[datetime, str] = {}
 
@@ -251,7 +274,7 @@ def classify(s: Sched, cfg: JudgeConfig, end: datetime, lags: Lags) -> dict[date
             must = (
                 not maybe_only
                 and t >= cfg.judge_from
-                and t + timedelta(seconds=max_window) <= cfg.judge_to
+                and t + timedelta(seconds=max_window + slot_wait) <= cfg.judge_to
                 and not (s.create.get("poison") and is_poisoned(s.schedule_id, t))
             )
             mark(t, MUST if must else MAY)
@@ -331,7 +354,8 @@ def judge(
     # A system lagging at the end cannot be asked to have run what it was still catching up on.
     tail = lags.around(end, before=20, after=0, floor=0)
     cfg = replace(cfg, judge_to=min(cfg.judge_to, end - timedelta(seconds=tail)))
-    classes = {sid: classify(s, cfg, end, lags) for sid, s in scheds.items()}
+    waits = slot_waits(scheds)
+    classes = {sid: classify(s, cfg, end, lags, waits.get(sid, 0.0)) for sid, s in scheds.items()}
     manual = {
         r["occurrence_id"]: r
         for r in history
@@ -517,14 +541,10 @@ def judge(
         if s is None:
             continue
         c = s.create
-        if c.get("concurrency_limit"):
-            key = (
-                f"group {s.tenant}/{c['concurrency_group']}"
-                if c.get("concurrency_group")
-                else f"cap of {s.key}"
-            )
-            limits[key] = int(c["concurrency_limit"])
-            members[key].append(e)
+        capped = cap_key(s)
+        if capped is not None:
+            limits[capped] = int(c["concurrency_limit"])
+            members[capped].append(e)
         if c.get("overlap_policy", "ALLOW") != "ALLOW":
             key = f"overlap {c['overlap_policy']} of {s.key}"
             limits[key] = 1
