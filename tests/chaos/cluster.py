@@ -254,10 +254,10 @@ class Cluster:
                     raise RuntimeError(f"{proc.name} did not become ready:\n{tail(log)}")
                 time.sleep(0.2)
 
-    def stop_all(self, timeout: float = 30) -> dict[str, Any]:
+    def stop_all(self, timeout: float = 40) -> dict[str, Any]:
         """SIGCONT + SIGTERM everything; SIGKILL what does not stop within ``timeout``.
 
-        A worker's warm shutdown finishes its current body first (up to ~14 s here).
+        A worker's warm shutdown finishes its current body first (up to ~24 s here).
         """
         outcome: dict[str, Any] = {}
         for proc in self.procs.values():

@@ -151,7 +151,7 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         verdict.add("reconcile", f"manage.py reconcile failed (exit {exit_code})")
     for name, outcome in stops.items():
         if outcome != "stopped":
-            verdict.add("stop_hang", f"{name} did not stop within 30 s of SIGTERM: {outcome}")
+            verdict.add("stop_hang", f"{name} did not stop within 40 s of SIGTERM: {outcome}")
     result = SoakResult(
         seed=cfg.seed,
         verdict=verdict,
