@@ -49,3 +49,9 @@ def effect(seconds: float = 0.0, read: str = "") -> dict[str, int]:
         except DatabaseError:
             pass
     return {"pid": os.getpid()}
+
+
+@shared_task(name="acceptance.fails")
+def fails(customer: int) -> None:
+    """A permanent failure (bad data): the run goes DEAD, Celery reports a FAILURE."""
+    raise ValueError(f"customer {customer} has no billing address")
