@@ -19,9 +19,10 @@ import random
 import threading
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task, shared_task
+from celery.exceptions import Retry
 from django.db import DatabaseError, InterfaceError, connection
 
 from celery_scheduler import errors
@@ -184,7 +185,8 @@ def execute(
         retry_at = None
         if decision.delay is not None:
             retry_at = clock.now() + timedelta(seconds=decision.delay)
-        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        # The whole traceback: it is what the admin shows on the attempt and the occurrence.
+        error = "".join(traceback.format_exception(exc)).strip()
         error = f"{error}\n[{decision.reason}]"
         ok = _finish(
             "failure",
@@ -193,7 +195,10 @@ def execute(
             clock,
         )
         outcome = ("RETRY_WAIT" if retry_at else "DEAD") if ok else "STALE_WRITE"
-        return {"outcome": outcome, "reason": decision.reason, "token": token}
+        return {
+            "outcome": outcome, "reason": decision.reason, "token": token,
+            "exception": exc, "retry_at": retry_at,
+        }  # fmt: skip
     finally:
         heartbeat.stop()
     fault_point("worker.after_effect")
@@ -249,4 +254,20 @@ def run_occurrence(
             "outcome": outcome["outcome"],
         },
     )
+    failure = outcome.pop("exception", None)
+    if failure is not None:
+        report_failure(failure, outcome)
     return outcome
+
+
+def report_failure(exc: Exception, outcome: dict[str, Any]) -> NoReturn:
+    """Let Celery see the body's failure, after the scheduler has recorded its own state.
+
+    A retry the scheduler will make (RETRY_WAIT, through the outbox under the same id) is a
+    Celery RETRY; anything else is a FAILURE carrying the original exception and traceback,
+    so worker logs, events, Flower, ``task_failure`` handlers and Sentry's Celery integration
+    all see it. Neither re-sends the message: the scheduler owns retries.
+    """
+    if outcome["outcome"] == "RETRY_WAIT":
+        raise Retry(f"retry at {outcome['retry_at']:%H:%M:%S}", exc=exc, when=outcome["retry_at"])
+    raise exc
