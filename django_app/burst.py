@@ -401,18 +401,24 @@ class BurstRelay:
         locked: datetime,
         accepted: list[tuple[list[HeldRow], datetime]],
     ) -> None:
-        """One line per wave; a warning when its first row reached the broker late (the
-        hold opened too late for the lock, or the loop was busy past the hold time)."""
+        """One short INFO line per wave (a WARNING when its first row reached the broker
+        late: the hold opened too late for the lock, or the loop was busy past the hold
+        time), and the stage-by-stage detail at DEBUG for whoever tunes the burst path."""
         if not accepted:
             return
         late = (accepted[0][1] - wave.start).total_seconds()
+        last = (accepted[-1][1] - wave.start).total_seconds()
         logger.log(
             logging.WARNING if late > 1.0 else logging.INFO,
+            "burst relay: %d row(s) due %s sent %.3f-%.3fs after due",
+            len(wave.rows), wave.start.strftime("%H:%M:%S"), late, last,
+        )  # fmt: skip
+        logger.debug(
             "burst relay %s: wave of %d row(s) due %s: opened %.2fs before, locked in %.2fs, "
             "first accepted %.3fs after due, last %.3fs after; stages %s",
             self.token, len(wave.rows), wave.start.isoformat(),
             (wave.start - opened).total_seconds(), (locked - opened).total_seconds(),
-            late, (accepted[-1][1] - wave.start).total_seconds(), self.stats.rates(),
+            late, last, self.stats.rates(),
         )  # fmt: skip
 
     def _fence(self, shards: set[int]) -> set[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -135,7 +136,10 @@ def app(redis_url: str) -> Iterator[Celery]:
 
 
 @pytest.mark.redis
-def test_burst_to_redis_arrives_once_each_on_time(app: Celery, redis_url: str) -> None:
+def test_burst_to_redis_arrives_once_each_on_time(
+    app: Celery, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="django_app.burst")
     clock = SystemClock()
     at = datetime.now(UTC) + timedelta(seconds=3)
     seed(clock, [(at, 400)])
@@ -163,6 +167,11 @@ def test_burst_to_redis_arrives_once_each_on_time(app: Celery, redis_url: str) -
     assert len(lags) == 400
     assert lags[0] >= 0
     assert lags[-1] < 2.0, lags[-1]
+    # One short line per wave at INFO; the stage detail is DEBUG only.
+    waves = [r for r in caplog.records if r.name == "django_app.burst"]
+    assert [r.levelno for r in waves] == [logging.INFO]
+    assert waves[0].getMessage().startswith("burst relay: 400 row(s) due ")
+    assert "stages" not in waves[0].getMessage()
 
 
 CHILD = """
