@@ -73,6 +73,8 @@ def create_schedule(
     start_at: datetime | None = None,
     end_at: datetime | None = None,
     idempotency_key: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
     clock: Clock | None = None,
 ) -> Schedule:
     """Create a schedule. Give exactly one of ``cron`` (+ ``timezone``), ``interval``, ``run_at``.
@@ -96,15 +98,18 @@ def create_schedule(
         deadline: Seconds after scheduled_for after which no retry is made.
         idempotency_key: The same key returns the same schedule; different content with
             the same key raises ``IdempotencyConflict``.
+        actor, reason: Who makes the call and why, for the audit trail (every lifecycle
+            call here takes them; see README, "Audit trail").
 
     Raises:
         celery_scheduler.errors.ValidationError: a subclass naming the bad field.
         celery_scheduler.errors.IdempotencyConflict: key reused with other content.
         celery_scheduler.errors.QuotaExceeded: the tenant's schedule quota is used up.
     """
-    from django_app import lifecycle
+    from django_app import audit, lifecycle
 
-    return lifecycle.create_schedule(
+    who, why = audit.check(actor, reason)
+    schedule = lifecycle.create_schedule(
         tenant=tenant, idempotency_key=idempotency_key, clock=clock,
         name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
         args=args, kwargs=kwargs, queue=queue, priority=priority,
@@ -113,12 +118,16 @@ def create_schedule(
         concurrency_limit=concurrency_limit, concurrency_group=concurrency_group,
         max_attempts=max_attempts, deadline=deadline, start_at=start_at, end_at=end_at,
     )  # fmt: skip
+    audit.record("create", schedule=schedule, actor=who, reason=why, clock=clock)
+    return schedule
 
 
 def update_schedule(
     schedule_id: uuid.UUID | str,
     *,
     expected_version: int | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
     clock: Clock | None = None,
     **changes: Any,
 ) -> LifecycleResult:
@@ -137,38 +146,88 @@ def update_schedule(
         celery_scheduler.errors.VersionConflict: ``expected_version`` is not the current one.
         celery_scheduler.errors.ValidationError: a subclass naming the bad field.
     """
-    from django_app import lifecycle
+    from django_app import audit, lifecycle
 
-    return lifecycle.update_schedule(
+    who, why = audit.check(actor, reason)
+    result = lifecycle.update_schedule(
         schedule_id, clock=clock, expected_version=expected_version, **changes
+    )
+    audit.record(
+        "update", schedule=schedule_id, actor=who, reason=why, clock=clock,
+        detail={"version": result.version, "fields": sorted(changes)},
+    )  # fmt: skip
+    return result
+
+
+def pause_schedule(
+    schedule_id: uuid.UUID | str,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> LifecycleResult:
+    """Stop materializing and invalidate unclaimed occurrences (new version).
+
+    ``actor`` and ``reason`` (who and why) go to the audit trail.
+    """
+    return _audited(
+        "pause",
+        lifecycle_call="pause_schedule",
+        schedule_id=schedule_id,
+        actor=actor,
+        reason=reason,
+        clock=clock,
     )
 
 
-def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
-    """Stop materializing and invalidate unclaimed occurrences (new version)."""
-    from django_app import lifecycle
+def resume_schedule(
+    schedule_id: uuid.UUID | str,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> LifecycleResult:
+    """Resume from now; fire times missed while paused follow the misfire policy.
 
-    return lifecycle.pause_schedule(schedule_id, clock=clock)
+    ``actor`` and ``reason`` (who and why) go to the audit trail.
+    """
+    return _audited(
+        "resume",
+        lifecycle_call="resume_schedule",
+        schedule_id=schedule_id,
+        actor=actor,
+        reason=reason,
+        clock=clock,
+    )
 
 
-def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
-    """Resume from now; fire times missed while paused follow the misfire policy."""
-    from django_app import lifecycle
+def cancel_schedule(
+    schedule_id: uuid.UUID | str,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> LifecycleResult:
+    """Cancel for good; history stays, running occurrences are reported.
 
-    return lifecycle.resume_schedule(schedule_id, clock=clock)
-
-
-def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
-    """Cancel for good; history stays, running occurrences are reported."""
-    from django_app import lifecycle
-
-    return lifecycle.cancel_schedule(schedule_id, clock=clock)
+    ``actor`` and ``reason`` (who and why) go to the audit trail.
+    """
+    return _audited(
+        "cancel",
+        lifecycle_call="cancel_schedule",
+        schedule_id=schedule_id,
+        actor=actor,
+        reason=reason,
+        clock=clock,
+    )
 
 
 def run_now(
     schedule_id: uuid.UUID | str,
     *,
     idempotency_key: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
     clock: Clock | None = None,
 ) -> Occurrence:
     """Create a manual occurrence (its own id) that the relay publishes right away.
@@ -178,21 +237,55 @@ def run_now(
             first call created instead of running again (a double click, a retried
             request). Without it every call is a new run.
     """
-    from django_app import lifecycle
+    from django_app import audit, lifecycle
 
-    return lifecycle.run_now(schedule_id, idempotency_key=idempotency_key, clock=clock)
+    who, why = audit.check(actor, reason)
+    occurrence = lifecycle.run_now(schedule_id, idempotency_key=idempotency_key, clock=clock)
+    audit.record("run_now", occurrence=occurrence, actor=who, reason=why, clock=clock)
+    return occurrence
 
 
-def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = None) -> Occurrence:
+def replay_occurrence(
+    occurrence_id: uuid.UUID | str,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> Occurrence:
     """Re-enqueue a DEAD occurrence under the same occurrence id (attempts are kept).
 
     Refused (``InvalidStateTransition``, nothing changed) when a worker would not run it:
     its schedule is canceled, or it belongs to an older version than the schedule's
     (a manual run survives version bumps); use ``run_now`` to run the current version.
     """
+    from django_app import audit
     from django_app.worker import replay_occurrence as replay
 
-    return replay(occurrence_id, clock=clock)
+    who, why = audit.check(actor, reason)
+    occurrence = replay(occurrence_id, clock=clock)
+    audit.record("replay", occurrence=occurrence, actor=who, reason=why, clock=clock)
+    return occurrence
+
+
+def _audited(
+    action: str,
+    *,
+    lifecycle_call: str,
+    schedule_id: uuid.UUID | str,
+    actor: str | None,
+    reason: str | None,
+    clock: Clock | None,
+) -> LifecycleResult:
+    """Run one lifecycle verb, then write who/why to the audit trail."""
+    from django_app import audit, lifecycle
+
+    who, why = audit.check(actor, reason)
+    result: LifecycleResult = getattr(lifecycle, lifecycle_call)(schedule_id, clock=clock)
+    audit.record(
+        action, schedule=schedule_id, actor=who, reason=why, clock=clock,
+        detail={"version": result.version},
+    )  # fmt: skip
+    return result
 
 
 def preview(

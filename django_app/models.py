@@ -485,3 +485,32 @@ class SchedulerOverview(Schedule):
         proxy = True
         verbose_name = _("overview")
         verbose_name_plural = _("overview")
+
+
+class AuditEntry(models.Model):
+    """Who changed what through the API, and why, when the caller says.
+
+    Written right after each lifecycle call made through ``celery_scheduler.api`` (create,
+    update, pause, resume, cancel, run now, replay); ``actor`` and ``reason`` are what the
+    caller passed (empty when it passed nothing). The admin also writes Django's own admin
+    log for the actions it takes.
+    """
+
+    at = models.DateTimeField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    schedule = models.ForeignKey(
+        Schedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+    )
+    occurrence_id = models.UUIDField(null=True, blank=True)
+    action = models.CharField(max_length=32)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["schedule", "at"], name="audit_schedule_time")]
+        verbose_name_plural = _("audit entries")
+
+    def __str__(self) -> str:
+        who = self.actor or "api"
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {who}: {self.action}"

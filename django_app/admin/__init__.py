@@ -8,6 +8,6 @@ overview its row on the admin index.
 
 from __future__ import annotations
 
-from django_app.admin import occurrences, overview_entry, schedules, tenancy
+from django_app.admin import audit, occurrences, overview_entry, schedules, tenancy
 
-__all__ = ["occurrences", "overview_entry", "schedules", "tenancy"]
+__all__ = ["audit", "occurrences", "overview_entry", "schedules", "tenancy"]

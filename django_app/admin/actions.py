@@ -41,6 +41,10 @@ def audit(request: HttpRequest, obj: Any, message: str) -> None:
     )  # fmt: skip
 
 
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
 def _api() -> Any:
     from celery_scheduler import api
 
@@ -50,11 +54,11 @@ def _api() -> Any:
 def apply_lifecycle(request: HttpRequest, schedules: Iterable[Schedule], verb: str) -> int:
     """Call the API ``verb`` on each schedule; one summary message plus one per failure."""
     func_name, past = SCHEDULE_VERBS[verb]
-    func: Callable[[Any], Any] = getattr(_api(), func_name)
+    func: Callable[..., Any] = getattr(_api(), func_name)
     done: list[tuple[Schedule, Any]] = []
     for schedule in schedules:
         try:
-            result = func(schedule.pk)
+            result = func(schedule.pk, actor=_actor(request))
             done.append((schedule, result))
             audit(request, schedule, f"{past.capitalize()}: {_describe(result)}")
         except errors.SchedulerError as exc:
@@ -90,7 +94,7 @@ def run_now(
     for schedule in schedules:
         known = key is not None and _already_run(schedule, key)
         try:
-            occurrence = _api().run_now(schedule.pk, idempotency_key=key)
+            occurrence = _api().run_now(schedule.pk, actor=_actor(request), idempotency_key=key)
         except errors.SchedulerError as exc:
             messages.warning(
                 request, format_html(_("Could not run “{}” now: {}"), schedule.name, str(exc))
@@ -138,7 +142,7 @@ def replay(request: HttpRequest, occurrences: Iterable[Occurrence]) -> int:
     replayed: list[Occurrence] = []
     for occurrence in occurrences:
         try:
-            replayed.append(_api().replay_occurrence(occurrence.pk))
+            replayed.append(_api().replay_occurrence(occurrence.pk, actor=_actor(request)))
             audit(request, occurrence.schedule, f"Replayed DEAD occurrence {occurrence.pk}")
         except errors.SchedulerError as exc:
             messages.warning(

@@ -62,3 +62,21 @@ def test_a_refused_verb_is_not_logged(login: Any, make_schedule: Any) -> None:
     client.post(reverse("admin:django_app_schedule_act", args=[schedule.pk, "cancel"]))
     client.post(reverse("admin:django_app_schedule_act", args=[schedule.pk, "resume"]))
     assert [m.split(":")[0] for _, m in log_of(schedule)] == ["Canceled"]
+
+
+def test_the_api_trail_is_in_the_admin_for_the_tenant_only(login: Any, make_schedule: Any) -> None:
+    from celery_scheduler import api
+
+    own = make_schedule("acme", name="own")
+    other = make_schedule("globex", name="other")
+    api.pause_schedule(own.pk, actor="ops-bot", reason="maintenance window")
+    api.pause_schedule(other.pk, actor="globex-bot", reason="their secret")
+    client = login("acme")
+    trail = reverse("admin:django_app_auditentry_changelist")
+    html = client.get(trail, {"schedule__id__exact": str(own.pk)}).content.decode()
+    assert "ops-bot" in html
+    assert "maintenance window" in html
+    everything = client.get(trail).content.decode()
+    assert "globex-bot" not in everything  # another tenant's trail stays theirs
+    change = client.get(reverse("admin:django_app_schedule_change", args=[own.pk]))
+    assert f"{trail}?schedule__id__exact={own.pk}" in change.content.decode()
