@@ -22,11 +22,20 @@ Example::
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from celery_scheduler import errors
+from celery_scheduler.api_types import (
+    BackfillReport,
+    BulkReport,
+    ScheduleDescription,
+    SchedulePage,
+    SkipResult,
+    TenantInfo,
+    TenantUsage,
+)
 from celery_scheduler.core import timemath
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
@@ -35,14 +44,25 @@ if TYPE_CHECKING:
     from django_app.models import Occurrence, Schedule, Tenant
 
 __all__ = [
+    "backfill",
+    "bulk_cancel",
+    "bulk_pause",
+    "bulk_resume",
     "cancel_schedule",
     "create_schedule",
+    "create_tenant",
+    "describe_schedule",
+    "get_tenant",
+    "list_schedules",
+    "list_tenants",
     "pause_schedule",
     "preview",
     "replay_occurrence",
     "resume_schedule",
     "run_now",
+    "skip_occurrence",
     "update_schedule",
+    "update_tenant",
 ]
 
 Seconds = int | timedelta
@@ -73,6 +93,9 @@ def create_schedule(
     start_at: datetime | None = None,
     end_at: datetime | None = None,
     idempotency_key: str | None = None,
+    max_runs: int | None = None,
+    pause_after_failures: int | None = None,
+    tags: Mapping[str, str] | None = None,
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
@@ -98,6 +121,11 @@ def create_schedule(
         deadline: Seconds after scheduled_for after which no retry is made.
         idempotency_key: The same key returns the same schedule; different content with
             the same key raises ``IdempotencyConflict``.
+        max_runs: Run at most this many scheduled occurrences, then COMPLETE (retries of
+            one occurrence are one run; run-now and backfill occurrences do not count).
+        pause_after_failures: Pause by itself after this many consecutive DEAD
+            occurrences (the reason is recorded); a success resets the count.
+        tags: Free-form ``{key: value}`` labels, filterable in ``list_schedules``.
         actor, reason: Who makes the call and why, for the audit trail (every lifecycle
             call here takes them; see README, "Audit trail").
 
@@ -117,6 +145,8 @@ def create_schedule(
         overlap_policy=overlap_policy, flexible_window=flexible_window,
         concurrency_limit=concurrency_limit, concurrency_group=concurrency_group,
         max_attempts=max_attempts, deadline=deadline, start_at=start_at, end_at=end_at,
+        max_runs=max_runs, pause_after_failures=pause_after_failures,
+        tags=tags,
     )  # fmt: skip
     audit.record("create", schedule=schedule, actor=who, reason=why, clock=clock)
     return schedule
@@ -137,6 +167,9 @@ def update_schedule(
     says how many, and which occurrences are still running under an older version. Their
     times are planned again under the new version unless an older version already claimed
     or finished them (those never run twice; see README, "Lifecycle").
+    ``max_runs``, ``pause_after_failures`` and ``tags`` (which replaces every tag) change
+    in place: alone they make no new version. ``max_runs`` must be above the runs
+    already made (``ValidationError`` otherwise); ``None`` removes the limit.
 
     Args:
         expected_version: The version the change was made against (e.g. the one an edit
@@ -162,21 +195,25 @@ def update_schedule(
 def pause_schedule(
     schedule_id: uuid.UUID | str,
     *,
+    note: str = "",
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
 ) -> LifecycleResult:
     """Stop materializing and invalidate unclaimed occurrences (new version).
 
-    ``actor`` and ``reason`` (who and why) go to the audit trail.
+    ``note`` (at most 500 characters) is kept as the pause reason until resume and shown
+    by :func:`describe_schedule` and the admin. ``actor`` and ``reason`` (who and why) go
+    to the audit trail; without a ``reason`` the note is the audit reason.
     """
     return _audited(
         "pause",
         lifecycle_call="pause_schedule",
         schedule_id=schedule_id,
         actor=actor,
-        reason=reason,
+        reason=reason if reason is not None else (note or None),
         clock=clock,
+        note=note,
     )
 
 
@@ -275,12 +312,13 @@ def _audited(
     actor: str | None,
     reason: str | None,
     clock: Clock | None,
+    **extra: Any,
 ) -> LifecycleResult:
     """Run one lifecycle verb, then write who/why to the audit trail."""
     from django_app import audit, lifecycle
 
     who, why = audit.check(actor, reason)
-    result: LifecycleResult = getattr(lifecycle, lifecycle_call)(schedule_id, clock=clock)
+    result: LifecycleResult = getattr(lifecycle, lifecycle_call)(schedule_id, clock=clock, **extra)
     audit.record(
         action, schedule=schedule_id, actor=who, reason=why, clock=clock,
         detail={"version": result.version},
@@ -325,3 +363,282 @@ def preview(
         trigger = timemath.OneOffTrigger(run_at=timemath.check_instant(run_at, "run_at"))
     # Include `start` itself so a preview that starts on a fire time shows it.
     return timemath.preview(trigger, start=start - timedelta(microseconds=1), count=count)
+
+
+def describe_schedule(
+    schedule_id: uuid.UUID | str,
+    *,
+    tenant: str | None = None,
+    next_count: int = 5,
+    last_count: int = 10,
+    clock: Clock | None = None,
+) -> ScheduleDescription:
+    """Everything about one schedule (see :class:`~celery_scheduler.api_types.ScheduleDescription`).
+
+    The schedule and its settings, the current version, the state with its reason
+    (pause note, automatic pause, park), the next ``next_count`` (1-100) fire times in
+    UTC and local time, the last ``last_count`` (0-1000) occurrences with state, lag and
+    attempts, and counters over its history. ``tenant`` (a slug) scopes the lookup: a
+    schedule of another tenant raises ``ScheduleNotFound`` like a missing one.
+
+    Raises:
+        celery_scheduler.errors.ScheduleNotFound: no such schedule (in that tenant).
+        celery_scheduler.errors.ValidationError: a bad count, naming the field.
+    """
+    from django_app import reads
+
+    now = (clock or SYSTEM_CLOCK).now()
+    return reads.describe_schedule(
+        schedule_id, tenant=tenant, next_count=next_count, last_count=last_count, now=now
+    )
+
+
+def list_schedules(
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    tag: str | Mapping[str, str] | None = None,
+    name_contains: str | None = None,
+    next_run_before: datetime | None = None,
+    next_run_after: datetime | None = None,
+    limit: int = 50,
+    after: str | None = None,
+) -> SchedulePage:
+    """One page of schedules matching every filter given, oldest first.
+
+    Args:
+        tenant: A tenant slug (unknown: ``ValidationError`` on ``tenant``).
+        state: ``ACTIVE``, ``PAUSED``, ``PARKED``, ``COMPLETED`` or ``CANCELED``.
+        task: Exact task name.
+        tag: ``"key=value"``, ``"key"`` (any value) or ``{key: value, ...}`` (all must
+            match).
+        name_contains: Case-insensitive substring of the name.
+        next_run_before: Cursor (``next_run_at``) strictly before this aware datetime.
+        next_run_after: Cursor at or after this aware datetime.
+        limit: Page size, 1 to 1000.
+        after: The ``next_cursor`` of the previous page (opaque).
+
+    Pages are keyset-paginated on ``(created_at, id)``: stable while schedules are added,
+    and as fast on the last page of a million schedules as on the first.
+    """
+    from django_app import reads
+
+    return reads.list_schedules(
+        tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
+        next_run_before=next_run_before, next_run_after=next_run_after, limit=limit,
+        after=after,
+    )  # fmt: skip
+
+
+def create_tenant(
+    slug: str,
+    *,
+    name: str = "",
+    max_schedules: int | None = None,
+    max_trigger_rate: int | None = None,
+    max_running: int | None = None,
+    catchup_rate: int | None = None,
+    relay_weight: int = 1,
+) -> TenantInfo:
+    """Create a tenant. Quotas: None (or 0) means no limit.
+
+    Args:
+        slug: 1-64 letters, digits, ``-`` or ``_``; unique.
+        name: Display name (default: the slug).
+        max_schedules: Live (active, paused, parked) schedules at most.
+        max_trigger_rate: Messages per second the relay publishes at most.
+        max_running: Occurrences RUNNING at once across all workers.
+        catchup_rate: Late (catch-up and backfill) occurrences released per minute.
+        relay_weight: Share of relay capacity under contention (1-1000).
+
+    Raises:
+        celery_scheduler.errors.ValidationError: a bad value or an existing slug
+            (``field`` names it); nothing is written.
+    """
+    from django_app import tenant_api
+
+    return tenant_api.create_tenant(
+        slug, name=name, max_schedules=max_schedules, max_trigger_rate=max_trigger_rate,
+        max_running=max_running, catchup_rate=catchup_rate, relay_weight=relay_weight,
+    )  # fmt: skip
+
+
+def update_tenant(slug: str, **changes: Any) -> TenantInfo:
+    """Change a tenant's name, quotas or relay weight (only the fields given).
+
+    Takes the keyword arguments of :func:`create_tenant` (``None`` clears a quota). The
+    change applies at once: the next create, claim, relay batch and materializer pass
+    read the new value. Unknown fields and bad values raise ``ValidationError`` naming
+    the field, and nothing is written; an unknown slug names ``tenant``.
+    """
+    from django_app import tenant_api
+
+    return tenant_api.update_tenant(slug, **changes)
+
+
+def get_tenant(slug: str) -> TenantInfo:
+    """One tenant's quotas (``ValidationError`` on ``tenant`` if unknown)."""
+    from django_app import tenant_api
+
+    return tenant_api.get_tenant(slug)
+
+
+def list_tenants(*, clock: Clock | None = None) -> list[TenantUsage]:
+    """Every tenant with its usage against each quota (see :class:`TenantUsage`)."""
+    from django_app import tenant_api
+
+    return tenant_api.list_tenants(now=(clock or SYSTEM_CLOCK).now())
+
+
+def skip_occurrence(
+    schedule_id: uuid.UUID | str,
+    scheduled_for: datetime | None = None,
+    *,
+    note: str = "",
+    tenant: str | None = None,
+    clock: Clock | None = None,
+) -> SkipResult:
+    """Skip one fire time without pausing the schedule: that time never runs.
+
+    ``scheduled_for`` None skips the next time not yet claimed (a pending occurrence, else
+    the next fire time); otherwise it must be a fire time of the schedule that has not
+    passed unplanned. The skipped time shows as a CANCELED occurrence with the reason
+    ``skipped by operator[: note]`` (so the reconciler does not report it absent), and
+    survives pause/resume and updates. Skipping the same time twice is harmless.
+
+    Raises:
+        celery_scheduler.errors.ValidationError: ``scheduled_for`` (or ``note``) is bad.
+        celery_scheduler.errors.InvalidStateTransition: the occurrence is already running
+            or finished, or the schedule is canceled/completed.
+        celery_scheduler.errors.ScheduleNotFound: no such schedule (in that tenant).
+    """
+    from django_app import skips
+
+    now = (clock or SYSTEM_CLOCK).now()
+    return skips.skip_occurrence(schedule_id, scheduled_for, note=note, tenant=tenant, now=now)
+
+
+_BULK_DOC = """{verb} every schedule matching the filter; report what happened to each.
+
+    Filters are those of :func:`list_schedules` (at least one is required; a bad one
+    raises ``ValidationError`` naming it and nothing is written); at most 10,000
+    schedules per call. Each schedule gets its own transaction, so one in the wrong state
+    does not stop the others. The :class:`~celery_scheduler.api_types.BulkReport` lists
+    every matching schedule as ``changed``, ``unchanged`` (already {past}) or ``refused``
+    (its state does not allow it; ``reason`` says why). ``actor`` and ``reason`` go to
+    the audit trail, one entry per schedule.
+    """
+
+
+def bulk_pause(
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    tag: str | Mapping[str, str] | None = None,
+    name_contains: str | None = None,
+    next_run_before: datetime | None = None,
+    next_run_after: datetime | None = None,
+    note: str = "",
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> BulkReport:
+    from django_app.bulk import bulk
+
+    return bulk(
+        "pause", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
+        next_run_before=next_run_before, next_run_after=next_run_after, note=note, actor=actor,
+        reason=reason, clock=clock,
+    )  # fmt: skip
+
+
+def bulk_resume(
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    tag: str | Mapping[str, str] | None = None,
+    name_contains: str | None = None,
+    next_run_before: datetime | None = None,
+    next_run_after: datetime | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> BulkReport:
+    from django_app.bulk import bulk
+
+    return bulk(
+        "resume", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
+        next_run_before=next_run_before, next_run_after=next_run_after, actor=actor,
+        reason=reason, clock=clock,
+    )  # fmt: skip
+
+
+def bulk_cancel(
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    tag: str | Mapping[str, str] | None = None,
+    name_contains: str | None = None,
+    next_run_before: datetime | None = None,
+    next_run_after: datetime | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> BulkReport:
+    from django_app.bulk import bulk
+
+    return bulk(
+        "cancel", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
+        next_run_before=next_run_before, next_run_after=next_run_after, actor=actor,
+        reason=reason, clock=clock,
+    )  # fmt: skip
+
+
+bulk_pause.__doc__ = _BULK_DOC.format(verb="Pause", past="paused") + (
+    "\n    ``note`` is stored as each paused schedule's pause reason.\n"
+)
+bulk_resume.__doc__ = _BULK_DOC.format(verb="Resume", past="active")
+bulk_cancel.__doc__ = _BULK_DOC.format(verb="Cancel", past="canceled")
+
+
+def backfill(
+    schedule_id: uuid.UUID | str,
+    start: datetime,
+    end: datetime,
+    *,
+    overlap_policy: str | None = None,
+    tenant: str | None = None,
+    clock: Clock | None = None,
+) -> BackfillReport:
+    """Run the schedule's fire times in the past range ``[start, end)`` as occurrences.
+
+    Each time becomes one occurrence with a deterministic id (``occurrence_id(schedule,
+    0, t)``), so backfilling the same or an overlapping range again never runs a time
+    twice; times that already ran under the schedule (pending, running, succeeded or
+    dead in any version) are left out, missed/canceled/skipped ones are run. The new
+    occurrences are released one per ``60 / catchup_rate`` seconds of the tenant (after
+    the tenant's backfills still waiting), all at once without a rate. Backfill runs
+    even while the schedule is paused (like run now; cancel the schedule to stop it),
+    does not count against ``max_runs`` and is not expected by the reconciler.
+
+    Args:
+        start, end: Aware datetimes, ``start < end <= now``; at most 10,000 fire times.
+        overlap_policy: ``ALLOW``, ``SKIP_IF_RUNNING`` or ``QUEUE_ONE`` for these
+            occurrences (default: the schedule's policy at claim time).
+        tenant: A tenant slug: another tenant's schedule is ``ScheduleNotFound``.
+
+    Raises:
+        celery_scheduler.errors.ValidationError: a bad range or policy (``field`` names
+            it); nothing is written.
+        celery_scheduler.errors.InvalidStateTransition: the schedule is canceled.
+    """
+    from django_app import backfill as backfill_module
+
+    now = (clock or SYSTEM_CLOCK).now()
+    return backfill_module.backfill(
+        schedule_id, start, end, overlap_policy=overlap_policy, tenant=tenant, now=now
+    )

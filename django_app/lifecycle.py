@@ -9,6 +9,8 @@ occurrences become CANCELED and stay for audit.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +24,14 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
 from django_app import conf, replan, validation
-from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, Tenant
+from django_app.models import (
+    Occurrence,
+    OutboxEntry,
+    Schedule,
+    ScheduleTag,
+    ScheduleVersion,
+    Tenant,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,11 +88,14 @@ def create_schedule(
 ) -> Schedule:
     """Validate and create a schedule; the same idempotency key returns the same schedule."""
     now = (clock or SYSTEM_CLOCK).now()
+    extras = validation.validate_extras(
+        {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
+    )
     spec = validation.validate(now=now, **values)
     if idempotency_key is not None:
         idempotency_key = validation._text(idempotency_key, "idempotency_key", required=True)
     tenant_obj = resolve_tenant(tenant)
-    digest = spec.content_hash()
+    digest = _content_hash(spec, extras)
     with transaction.atomic():
         # Lock the tenant so the schedule-count quota check and the insert are atomic.
         locked_tenant = Tenant.objects.select_for_update().get(pk=tenant_obj.pk)
@@ -94,7 +106,8 @@ def create_schedule(
         _check_quota(locked_tenant)
         schedule = Schedule(
             tenant=locked_tenant, idempotency_key=idempotency_key, content_hash=digest,
-            source=source, **spec.model_fields(),
+            source=source, max_runs=extras.get("max_runs"),
+            pause_after_failures=extras.get("pause_after_failures"), **spec.model_fields(),
         )  # fmt: skip
         if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
             schedule.start_at = now  # the interval's anchor must survive restarts
@@ -112,7 +125,44 @@ def create_schedule(
                 raise
             return winner
         _open_version(schedule, min(now, schedule.next_run_at or now))
+        if extras.get("tags"):
+            _set_tags(schedule, extras["tags"])
     return schedule
+
+
+def _content_hash(spec: validation.ScheduleSpec, extras: dict[str, Any]) -> str:
+    """The spec's digest; non-default extras are folded in (old digests stay valid)."""
+    digest = spec.content_hash()
+    given = {k: v for k, v in extras.items() if v}
+    if not given:
+        return digest
+    payload = json.dumps([digest, given], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _set_tags(schedule: Schedule, tags: dict[str, str]) -> None:
+    """Replace the schedule's tags with ``tags`` (in the caller's transaction)."""
+    ScheduleTag.objects.filter(schedule=schedule).delete()
+    ScheduleTag.objects.bulk_create(
+        ScheduleTag(schedule=schedule, tenant_id=schedule.tenant_id, key=k, value=v)
+        for k, v in sorted(tags.items())
+    )
+
+
+def _apply_extras(schedule: Schedule, extras: dict[str, Any]) -> None:
+    """Set max_runs / pause_after_failures / tags on the locked row (caller saves)."""
+    if "max_runs" in extras:
+        limit = extras["max_runs"]
+        if limit is not None and limit <= schedule.runs_count:
+            raise errors.ValidationError(
+                f"max_runs {limit} is not above the {schedule.runs_count} runs already made",
+                field="max_runs",
+            )
+        schedule.max_runs = limit
+    if "pause_after_failures" in extras:
+        schedule.pause_after_failures = extras["pause_after_failures"]
+    if "tags" in extras:
+        _set_tags(schedule, extras["tags"])
 
 
 def update_schedule(
@@ -125,9 +175,14 @@ def update_schedule(
     """Apply ``changes`` as a new version; unclaimed older-version occurrences are canceled.
 
     With ``expected_version``, raise :class:`errors.VersionConflict` (nothing written) unless
-    the schedule is still at that version.
+    the schedule is still at that version. ``max_runs``, ``pause_after_failures`` and ``tags``
+    are not part of the versioned timing: a change of only those applies in place (no new
+    version, nothing invalidated).
     """
     now = (clock or SYSTEM_CLOCK).now()
+    extras = validation.validate_extras(
+        {k: changes.pop(k) for k in list(changes) if k in validation.EXTRA_FIELDS}
+    )
     with transaction.atomic():
         schedule = _locked(schedule_id)
         _check_version(schedule, expected_version)
@@ -135,7 +190,13 @@ def update_schedule(
             raise errors.InvalidStateTransition(
                 f"schedule {schedule.id} is {schedule.state}; it cannot be updated"
             )
-        old_spec = _spec_of(schedule)
+        _apply_extras(schedule, extras)
+        if not changes:
+            schedule.save()
+            return LifecycleResult(
+                schedule=schedule, version=schedule.version, state=schedule.state
+            )
+        old_spec = spec_of(schedule)
         current = validation.spec_to_input(old_spec)
         timing = {"cron", "interval", "run_at"} & set(changes)
         if timing:  # a new trigger replaces the old one instead of adding to it
@@ -176,28 +237,46 @@ def update_schedule(
         )
 
 
-def pause_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
-    """Stop materializing; keep the cursor so resume can apply the misfire policy."""
+def pause_schedule(
+    schedule_id: uuid.UUID | str, *, note: str = "", clock: Clock | None = None
+) -> LifecycleResult:
+    """Stop materializing; keep the cursor so resume can apply the misfire policy.
+
+    ``note`` (at most 500 characters) is stored as the pause reason, shown by describe and
+    the admin; pausing an already paused schedule with a note replaces its note.
+    """
     now = (clock or SYSTEM_CLOCK).now()
+    note = validation._text(note, "note", max_length=500)
     with transaction.atomic():
         schedule = _locked(schedule_id)
         if schedule.state == ScheduleState.PAUSED:
+            if note and note != schedule.pause_reason:
+                schedule.pause_reason = note
+                schedule.save(update_fields=["pause_reason", "updated_at"])
             return _unchanged(schedule)
         _require_state(schedule, ScheduleState.ACTIVE, "paused")
-        _close_version(schedule, _materialized_until(schedule, now))
-        # The cursor goes back to the first time this pause takes from the workers before
-        # they claimed it, so resume plans it again (now, or by the misfire policy if it
-        # has passed by then) instead of starting after everything materialized so far.
-        never_claimed = replan.earliest_never_claimed(schedule)
-        if never_claimed is not None and schedule.next_run_at is not None:
-            schedule.next_run_at = min(schedule.next_run_at, never_claimed)
-        schedule.version += 1
-        schedule.state = ScheduleState.PAUSED.value
-        result = _invalidate(schedule, now)
-        schedule.save()
+        result = pause_locked(schedule, now, note)
         return LifecycleResult(
             schedule=schedule, version=schedule.version, state=schedule.state, **result
         )
+
+
+def pause_locked(schedule: Schedule, now: datetime, reason: str) -> dict[str, Any]:
+    """ACTIVE -> PAUSED on a row the caller locked, in its transaction; saves the row."""
+    _close_version(schedule, _materialized_until(schedule, now))
+    # The cursor goes back to the first time this pause takes from the workers before
+    # they claimed it, so resume plans it again (now, or by the misfire policy if it
+    # has passed by then) instead of starting after everything materialized so far.
+    never_claimed = replan.earliest_never_claimed(schedule)
+    if never_claimed is not None and schedule.next_run_at is not None:
+        schedule.next_run_at = min(schedule.next_run_at, never_claimed)
+    schedule.version += 1
+    schedule.state = ScheduleState.PAUSED.value
+    schedule.pause_reason = reason[:500]
+    schedule.paused_at = now
+    result = _invalidate(schedule, now)
+    schedule.save()
+    return result
 
 
 def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
@@ -218,10 +297,13 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
             _unpark(schedule)
         else:
             _require_state(schedule, ScheduleState.PAUSED, "resumed")
-        spec = _spec_of(schedule)
+        spec = spec_of(schedule)
         trigger = spec.trigger(anchor=schedule.start_at or now)
         schedule.version += 1
         schedule.state = ScheduleState.ACTIVE.value
+        schedule.pause_reason = ""
+        schedule.paused_at = None
+        schedule.consecutive_failures = 0  # a fresh start for pause_after_failures
         start = _resume_cursor(schedule, trigger, now)
         schedule.next_run_at = (
             None if start is None else replan.start_version_at(schedule, start, now=now)
@@ -418,7 +500,8 @@ def _resume_cursor(schedule: Schedule, trigger: Any, now: datetime) -> datetime 
     return kept[0] if kept else upcoming
 
 
-def _spec_of(schedule: Schedule) -> validation.ScheduleSpec:
+def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
+    """The validated spec a stored schedule carries (no re-validation)."""
     return validation.ScheduleSpec(
         name=schedule.name,
         task=schedule.task,
@@ -461,6 +544,10 @@ def _open_version(schedule: Schedule, valid_from: datetime) -> None:
             "valid_from": valid_from, "valid_to": None,
         },
     )  # fmt: skip
+    if schedule.skip_times:
+        from django_app.skips import mark_skipped_times
+
+        mark_skipped_times(schedule, valid_from)
 
 
 def _materialized_until(schedule: Schedule, now: datetime) -> datetime:
@@ -471,6 +558,12 @@ def _materialized_until(schedule: Schedule, now: datetime) -> datetime:
     """
     cursor = schedule.next_run_at
     return min(now, cursor) if cursor is not None else now
+
+
+def close_live_version(schedule: Schedule, now: datetime) -> None:
+    """Close the live version where planning stopped: every time before the cursor has a
+    row (run or canceled), none after it will (used when max_runs completes a schedule)."""
+    _close_version(schedule, schedule.next_run_at or now)
 
 
 def _close_version(schedule: Schedule, at: datetime) -> None:

@@ -129,6 +129,21 @@ class Schedule(models.Model):
     #: Why the materializer parked this schedule (state PARKED) and when; cleared on un-park.
     parked_reason = models.CharField(max_length=500, blank=True, default="")
     parked_at = models.DateTimeField(null=True, blank=True)
+    #: Why the schedule is PAUSED: the operator's note, or the automatic reason
+    #: (``pause_after_failures``); cleared on resume.
+    pause_reason = models.CharField(max_length=500, blank=True, default="")
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    #: Limited runs: the schedule COMPLETES once ``runs_count`` reaches it (NULL: unlimited).
+    max_runs = models.PositiveIntegerField(null=True, blank=True)
+    #: Scheduled (not manual) occurrences claimed for their first attempt: retries of one
+    #: occurrence are one run. Counted under the schedule row lock in the claim.
+    runs_count = models.PositiveIntegerField(default=0)
+    #: Pause by itself after this many consecutive DEAD occurrences (NULL: never).
+    pause_after_failures = models.PositiveIntegerField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    #: Fire times (UTC ISO strings) the operator skipped; each survives version changes.
+    skip_times = models.JSONField(default=list, blank=True)
 
     misfire_policy = models.CharField(
         max_length=16, choices=_choices(MisfirePolicy), default=MisfirePolicy.SKIP.value
@@ -189,10 +204,36 @@ class Schedule(models.Model):
                 name="schedule_due_by_shard",
             ),
             models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
+            # list_schedules' keyset pagination: (created_at, id) order, per tenant or not.
+            models.Index(fields=["created_at", "id"], name="schedule_keyset"),
+            models.Index(fields=["tenant", "created_at", "id"], name="schedule_tenant_keyset"),
+            # list_schedules(next_run_before/after=...): a range of cursors in any state.
+            models.Index(fields=["next_run_at"], name="schedule_next_run"),
         ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind} v{self.version})"
+
+
+class ScheduleTag(models.Model):
+    """A free-form key/value label on a schedule; filters are always within its tenant."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="tags")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=100)
+    value = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "key"], name="schedule_tag_key_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "key", "value"], name="schedule_tag_lookup"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
 
 
 class ScheduleVersion(models.Model):
@@ -244,8 +285,13 @@ class Occurrence(models.Model):
         choices=_choices(OccurrenceState),
         default=OccurrenceState.SCHEDULED.value,
     )
-    #: True for "run now" occurrences created by an operator.
+    #: True for "run now" and backfill occurrences created by an operator.
     manual = models.BooleanField(default=False)
+    #: The overlap policy this occurrence is claimed under, when not the schedule's (a
+    #: backfill's ``overlap_policy``); empty: the schedule's.
+    overlap_policy = models.CharField(
+        max_length=16, blank=True, default="", choices=_choices(OverlapPolicy)
+    )
     attempt_count = models.PositiveIntegerField(default=0)
     #: Fencing generation of the current claim; only ever grows.
     fencing_token = models.BigIntegerField(default=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -436,3 +437,52 @@ def _kwargs(value: Any) -> dict[str, Any]:
         )
     _check_json(value, "kwargs")
     return dict(value)
+
+
+#: Schedule settings outside the versioned spec: changing them never re-plans fire times.
+EXTRA_FIELDS = frozenset({"max_runs", "pause_after_failures", "tags"})
+MAX_RUNS_LIMIT = 1_000_000_000
+MAX_TAGS = 50
+
+
+def validate_extras(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate the non-versioned settings present in ``values`` (only those given)."""
+    out: dict[str, Any] = {}
+    if "max_runs" in values:
+        out["max_runs"] = _optional_int(values["max_runs"], "max_runs", 1, MAX_RUNS_LIMIT)
+    if "pause_after_failures" in values:
+        out["pause_after_failures"] = _optional_int(
+            values["pause_after_failures"], "pause_after_failures", 1, 10_000
+        )
+    if "tags" in values:
+        out["tags"] = validate_tags(values["tags"])
+    return out
+
+
+def validate_tags(value: Any) -> dict[str, str]:
+    """Free-form tags: a mapping of up to 50 keys (1-100 chars) to values (0-200 chars)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise errors.ValidationError(
+            f"tags must be a mapping of key to value, got {value!r}", field="tags"
+        )
+    if len(value) > MAX_TAGS:
+        raise errors.ValidationError(
+            f"tags has {len(value)} keys; at most {MAX_TAGS}", field="tags"
+        )
+    tags: dict[str, str] = {}
+    for key, tag_value in value.items():
+        if not isinstance(key, str) or not key.strip() or len(key.strip()) > 100 or "=" in key:
+            raise errors.ValidationError(
+                f"tag key {key!r} must be 1 to 100 characters without '='", field="tags"
+            )
+        if not isinstance(tag_value, str) or len(tag_value) > 200:
+            raise errors.ValidationError(
+                f"tag {key!r}: value must be a string of at most 200 characters, got {tag_value!r}",
+                field="tags",
+            )
+        _storable(key, "tags", errors.ValidationError, f"tag key {key!r}")
+        _storable(tag_value, "tags", errors.ValidationError, f"tag {key!r}")
+        tags[key.strip()] = tag_value
+    return tags

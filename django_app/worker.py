@@ -33,7 +33,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL, sources_of
-from django_app import database_checks, tenancy
+from django_app import database_checks, limits, tenancy
 from django_app.connections import reset_after_error
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.worker_finish import (
@@ -148,7 +148,7 @@ def _claim(
                 extra={"event": "duplicate_claim", "occurrence_id": str(occ_id)},
             )
             return ClaimResult(outcome=ClaimOutcome.DUPLICATE, occurrence_id=occ_id, reason=state)
-        stale = _stale_reason(schedule, occ)
+        stale = _stale_reason(schedule, occ) or limits.over_max_runs(schedule, occ)
         if stale:
             return _mark_stale(occ, worker, now, stale)
         held = _apply_overlap(schedule, occ, now, defer)
@@ -223,7 +223,8 @@ def _mark_stale(occ: Occurrence, worker: str, now: datetime, reason: str) -> Cla
 def _apply_overlap(
     schedule: Schedule, occ: Occurrence, now: datetime, defer: timedelta
 ) -> ClaimResult | None:
-    policy = OverlapPolicy(schedule.overlap_policy)
+    # A backfilled occurrence may carry its own policy; everything else uses the schedule's.
+    policy = OverlapPolicy(occ.overlap_policy or schedule.overlap_policy)
     if policy is OverlapPolicy.ALLOW:
         return None
     others = Occurrence.objects.filter(schedule_id=schedule.pk).exclude(pk=occ.pk)
@@ -326,6 +327,7 @@ def _start(
     slot: SlotLease | None,
 ) -> ClaimResult:
     _lose_previous(occ, now)
+    limits.count_run(schedule, occ, now)  # before the transition: reads attempt_count 0
     token = occ.fencing_token + 1
     number = occ.attempt_count + 1
     _transition(

@@ -22,7 +22,7 @@ from celery_scheduler import errors, metrics
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app import conf
+from django_app import conf, limits
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 
 logger = logging.getLogger("celery_scheduler.worker")
@@ -126,12 +126,14 @@ def complete(
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
     with transaction.atomic():
+        schedule = limits.lock_for_failures(occ_id)  # schedule before occurrence, as claims
         n = Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
             state=S.SUCCEEDED, finished_at=now, result=result, lease_owner="",
             lease_expires_at=None, retry_at=None,
         )  # fmt: skip
         if n != 1:
             raise _rejected("completion", occ_id, token)
+        limits.record_outcome(schedule, dead=False, occurrence_id=occ_id, now=now)
         Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
             outcome=AttemptOutcome.SUCCEEDED, finished_at=now, result=result
         )
@@ -155,12 +157,14 @@ def fail(
     target = S.RETRY_WAIT if retry_at is not None else S.DEAD
     error = error[-_ERROR_LIMIT:]
     with transaction.atomic():
+        schedule = limits.lock_for_failures(occ_id) if target is S.DEAD else None
         n = Occurrence.objects.filter(pk=occ_id, fencing_token=token, state=S.RUNNING).update(
             state=target, retry_at=retry_at, last_error=error, lease_owner="",
             lease_expires_at=None, finished_at=now if target is S.DEAD else None,
         )  # fmt: skip
         if n != 1:
             raise _rejected("failure", occ_id, token)
+        limits.record_outcome(schedule, dead=target is S.DEAD, occurrence_id=occ_id, now=now)
         Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
             outcome=AttemptOutcome.RETRY if retry_at else AttemptOutcome.FAILED,
             finished_at=now,
@@ -192,6 +196,9 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
     default_max = conf.get().default_max_attempts
     for occ_id, token, max_attempts in expired:
         with transaction.atomic():
+            # Schedule row first (only if it counts failures), then the occurrence: the
+            # claim's lock order.
+            schedule = limits.lock_for_failures(occ_id)
             occ = (
                 Occurrence.objects.select_for_update()
                 .filter(pk=occ_id, fencing_token=token, state=S.RUNNING, lease_expires_at__lt=now)
@@ -221,7 +228,9 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
                 error=error,
             )
             _release_slot(occ_id, token)
-            if not dead:
+            if dead:
+                limits.record_outcome(schedule, dead=True, occurrence_id=occ_id, now=now)
+            else:
                 republish(occ, now)
             reaped += 1
             count("dead" if dead else "leases_reaped")

@@ -51,14 +51,20 @@ def _api() -> Any:
     return api
 
 
-def apply_lifecycle(request: HttpRequest, schedules: Iterable[Schedule], verb: str) -> int:
-    """Call the API ``verb`` on each schedule; one summary message plus one per failure."""
+def apply_lifecycle(
+    request: HttpRequest, schedules: Iterable[Schedule], verb: str, *, note: str = ""
+) -> int:
+    """Call the API ``verb`` on each schedule; one summary message plus one per failure.
+
+    ``note`` goes to ``pause_schedule`` (the pause reason) and is ignored by other verbs.
+    """
     func_name, past = SCHEDULE_VERBS[verb]
     func: Callable[..., Any] = getattr(_api(), func_name)
+    extra = {"note": note} if verb == "pause" and note else {}
     done: list[tuple[Schedule, Any]] = []
     for schedule in schedules:
         try:
-            result = func(schedule.pk, actor=_actor(request))
+            result = func(schedule.pk, actor=_actor(request), **extra)
             done.append((schedule, result))
             audit(request, schedule, f"{past.capitalize()}: {_describe(result)}")
         except errors.SchedulerError as exc:

@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -29,7 +29,7 @@ from django_app.admin.tenancy import (
     shows_tenants,
     tenant_of,
 )
-from django_app.models import Occurrence, Schedule
+from django_app.models import Occurrence, Schedule, ScheduleTag
 
 #: Which per-object buttons make sense in which state.
 BUTTONS = {
@@ -73,6 +73,31 @@ class TaskFilter(admin.SimpleListFilter):
         return queryset.filter(task=self.value()) if self.value() else queryset
 
 
+class TagFilter(admin.SimpleListFilter):
+    """Filter by one ``key=value`` tag among the schedules the user may see."""
+
+    title = _("tag")
+    parameter_name = "tag"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        visible = model_admin.get_queryset(request).values("pk")
+        pairs = (
+            ScheduleTag.objects.filter(schedule__in=visible)
+            .values_list("key", "value")
+            .distinct()
+            .order_by("key", "value")[:200]
+        )
+        return [(f"{k}={v}", f"{k}={v}") for k, v in pairs]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        key, _sep, value = str(self.value()).partition("=")
+        return queryset.filter(
+            Exists(ScheduleTag.objects.filter(schedule=OuterRef("pk"), key=key, value=value))
+        )
+
+
 class ScheduleChangeList(ChangeList):
     """Attaches each row's run summary, fetched once for the whole page."""
 
@@ -97,7 +122,15 @@ class ScheduleAdmin(TenantScopedAdmin):
         "outcomes_column",
         "tenant_column",
     )
-    list_filter = ("state", "tenant", TaskFilter, "kind", "misfire_policy", "overlap_policy")
+    list_filter = (
+        "state",
+        "tenant",
+        TaskFilter,
+        TagFilter,
+        "kind",
+        "misfire_policy",
+        "overlap_policy",
+    )
     search_fields = ("name", "task")
     list_per_page = 50
     actions = ("pause_selected", "resume_selected", "cancel_selected", "run_selected_now")
@@ -123,10 +156,11 @@ class ScheduleAdmin(TenantScopedAdmin):
         if shows_tenants(request):
             who.insert(1, "tenant")
         status = (
-            ("state_column", "version", "next_run_display", "history", "loaded_version")
+            ("state_column", "version", "next_run_display", "limits_display", "tags_display",
+             "history", "loaded_version")
             if obj
             else ()
-        )
+        )  # fmt: skip
         return [
             (None, {"fields": [*status]}) if obj else (None, {"fields": []}),
             (_("What runs"), {"fields": who}),
@@ -160,7 +194,10 @@ class ScheduleAdmin(TenantScopedAdmin):
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        fields = ["state_column", "version", "next_run_display", "history"]
+        fields = [
+            "state_column", "version", "next_run_display", "limits_display", "tags_display",
+            "history",
+        ]  # fmt: skip
         if obj is not None:
             fields.append("tenant")
         return fields
@@ -208,12 +245,41 @@ class ScheduleAdmin(TenantScopedAdmin):
                 display.badge(obj.state),
                 obj.parked_reason,
             )
+        if obj.state == ScheduleState.PAUSED.value and obj.pause_reason:
+            return format_html(
+                '{}<br><small class="cs-pause-reason">{}</small>'
+                '<br><small class="cs-muted" title="{}">v{}</small>',
+                display.badge(obj.state),
+                obj.pause_reason,
+                _("version"),
+                obj.version,
+            )
         return format_html(
             '{}<br><small class="cs-muted" title="{}">v{}</small>',
             display.badge(obj.state),
             _("version"),
             obj.version,
         )
+
+    @admin.display(description=_("Limits"))
+    def limits_display(self, obj: Schedule) -> str:
+        parts = []
+        if obj.max_runs is not None:
+            left = max(obj.max_runs - obj.runs_count, 0)
+            parts.append(f"{obj.runs_count} of {obj.max_runs} runs made, {left} remaining")
+        if obj.pause_after_failures is not None:
+            parts.append(
+                f"pauses after {obj.pause_after_failures} consecutive failures "
+                f"(now {obj.consecutive_failures})"
+            )
+        return "; ".join(parts) or "—"
+
+    @admin.display(description=_("Tags"))
+    def tags_display(self, obj: Schedule) -> str:
+        pairs = list(obj.tags.values_list("key", "value"))
+        if not pairs:
+            return "—"
+        return format_html_join(" ", '<code class="cs-tag">{}={}</code>', pairs)
 
     @admin.display(description=_("When"))
     def timing_column(self, obj: Schedule) -> str:
@@ -374,6 +440,9 @@ class ScheduleAdmin(TenantScopedAdmin):
             raise PermissionDenied
         if verb == "run_now":
             actions.run_now(request, [schedule], submission=request.POST.get("idempotency_key"))
+        elif verb == "pause":
+            note = str(request.POST.get("note", ""))
+            actions.apply_lifecycle(request, [schedule], verb, note=note)
         else:
             actions.apply_lifecycle(request, [schedule], verb)
         return HttpResponseRedirect(reverse("admin:django_app_schedule_change", args=[schedule.pk]))
