@@ -560,3 +560,27 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         who = self.actor or "api"
         return f"{self.at:%Y-%m-%d %H:%M:%S} {who}: {self.action}"
+
+
+class ApiToken(models.Model):
+    """A tenant's HTTP API token: only a SHA-256 of the secret is stored.
+
+    The token a client sends is ``<prefix>.<secret>``; ``prefix`` (public, unique) finds the
+    row, and the secret's digest is compared in constant time. A revoked token stays for
+    audit (``revoked_at``) and never authenticates again.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=200, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "created_at"]
+        verbose_name = _("API token")
+
+    def __str__(self) -> str:
+        return f"{self.prefix} ({self.tenant_id}{', revoked' if self.revoked_at else ''})"

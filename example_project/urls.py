@@ -1,4 +1,4 @@
-"""URLs of the example project: the admin, and its static files.
+"""URLs of the example project: the admin, the HTTP API, and static files.
 
 With DEBUG off (the default) ``runserver`` serves no static files, so the admin would lose its
 styles and scripts. The example serves them itself through ``staticfiles``' finder view so
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # The HTTP JSON API (README, "HTTP API"): one include, with its OpenAPI schema.
+    path("scheduler/api/", include("django_app.http.urls")),
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
 ]

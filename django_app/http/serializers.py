@@ -1,0 +1,317 @@
+"""Request and response shapes. Requests are only typed here (strings, integers, JSON,
+aware datetimes); every rule about their values is ``celery_scheduler.api``'s, which
+answers a ``ValidationError`` naming the field. Response serializers exist for the OpenAPI
+schema: the views answer ``celery_scheduler.api_types.as_json`` of the API's results."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+
+from celery_scheduler.core.enums import MisfirePolicy, OverlapPolicy, ScheduleState
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """ISO 8601 with an offset (``...Z`` or ``+02:00``): a naive time is refused, not guessed."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+        if parsed is None:
+            self.fail("invalid", format="ISO 8601 with a UTC offset, e.g. 2026-01-31T02:00:00Z")
+        assert parsed is not None
+        if parsed.tzinfo is None:
+            raise serializers.ValidationError("needs a UTC offset (e.g. Z or +02:00)")
+        return parsed
+
+
+class Text(serializers.CharField):
+    """A JSON string, as sent: a number or boolean is refused, not turned into text."""
+
+    default_error_messages = {"invalid": "Not a valid string."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def _text(**kw: Any) -> Text:
+    return Text(required=False, allow_blank=True, trim_whitespace=False, **kw)
+
+
+def _int(**kw: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(required=False, **kw)
+
+
+def _choice(enum: Any) -> serializers.ChoiceField:
+    return serializers.ChoiceField(choices=[m.value for m in enum], required=False)
+
+
+class Strict(serializers.Serializer):
+    """Unknown keys are a 400 naming them (a typo must not be silently ignored)."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({unknown[0]: "unknown field"})
+        return attrs
+
+    def given(self) -> dict[str, Any]:
+        """The validated fields the client sent (absent ones keep the API's defaults)."""
+        return dict(self.validated_data)
+
+
+class ScheduleFieldsMixin(Strict):
+    cron = _text(help_text="Five-field cron or a macro, read in `timezone`.")
+    timezone = _text()
+    interval = _int(help_text="Seconds between runs (fixed rate from start_at).")
+    run_at = AwareDateTimeField(required=False, help_text="One-off instant.")
+    args = serializers.JSONField(required=False, help_text="JSON list of task arguments.")
+    kwargs = serializers.JSONField(required=False, help_text="JSON object of task kwargs.")
+    queue = _text()
+    priority = _int()
+    misfire_policy = _choice(MisfirePolicy)
+    max_lateness = _int(allow_null=True)
+    catchup_cap = _int(allow_null=True)
+    overlap_policy = _choice(OverlapPolicy)
+    flexible_window = _int()
+    concurrency_limit = _int(allow_null=True)
+    concurrency_group = _text()
+    max_attempts = _int(allow_null=True)
+    deadline = _int(allow_null=True)
+    start_at = AwareDateTimeField(required=False, allow_null=True)
+    end_at = AwareDateTimeField(required=False, allow_null=True)
+    max_runs = _int(allow_null=True, help_text="Complete after this many runs.")
+    pause_after_failures = _int(allow_null=True)
+    tags = serializers.DictField(child=_text(), required=False)
+
+
+class ScheduleCreate(ScheduleFieldsMixin):
+    name = Text(trim_whitespace=False)
+    task = Text(trim_whitespace=False)
+    tenant = _text(help_text="Tenant slug (superusers; a token always uses its own).")
+    idempotency_key = _text(help_text="The same key returns the same schedule (409 if reused).")
+
+
+class ScheduleUpdate(ScheduleFieldsMixin):
+    name = _text()
+    task = _text()
+    expected_version = _int(
+        min_value=1, help_text="Apply only if the schedule is still at this version (409)."
+    )
+
+
+class PauseRequest(Strict):
+    note = _text(help_text="Kept as the pause reason until resume.")
+
+
+class EmptyRequest(Strict):
+    pass
+
+
+class SkipRequest(Strict):
+    scheduled_for = AwareDateTimeField(required=False, help_text="Default: the next one.")
+    note = _text()
+
+
+class BackfillRequest(Strict):
+    start = AwareDateTimeField()
+    end = AwareDateTimeField()
+    overlap_policy = _choice(OverlapPolicy)
+
+
+class FilterFields(Strict):
+    tenant = _text()
+    state = _choice(ScheduleState)
+    task = _text()
+    tag = serializers.ListField(
+        child=_text(), required=False, help_text="'key=value' or 'key'; repeat to AND."
+    )
+    name_contains = _text()
+    next_run_before = AwareDateTimeField(required=False)
+    next_run_after = AwareDateTimeField(required=False)
+
+
+class ListQuery(FilterFields):
+    limit = _int(min_value=1, max_value=1000)
+    cursor = _text(help_text="`next_cursor` of the previous page.")
+
+
+class BulkRequest(FilterFields):
+    note = _text(help_text="Pause note (bulk pause only).")
+
+
+class DescribeQuery(Strict):
+    next_count = _int()
+    last_count = _int()
+
+
+class OccurrenceQuery(Strict):
+    limit = _int(min_value=1, max_value=1000)
+    cursor = _text()
+
+
+class TenantCreate(Strict):
+    slug = Text(trim_whitespace=False)
+    name = _text()
+    max_schedules = _int(allow_null=True)
+    max_trigger_rate = _int(allow_null=True)
+    max_running = _int(allow_null=True)
+    catchup_rate = _int(allow_null=True)
+    relay_weight = _int()
+
+
+class TenantUpdate(TenantCreate):
+    slug = _text(read_only=True)
+
+
+# Responses (documentation of the JSON the views answer).
+
+
+class Error(serializers.Serializer):
+    error = serializers.CharField()
+    detail = serializers.CharField()
+    field = serializers.CharField(allow_null=True)
+
+
+class ScheduleSummary(serializers.Serializer):
+    id = serializers.UUIDField()
+    tenant = serializers.CharField()
+    name = serializers.CharField()
+    task = serializers.CharField()
+    kind = serializers.CharField()
+    cron = serializers.CharField()
+    timezone = serializers.CharField()
+    interval_seconds = serializers.IntegerField(allow_null=True)
+    run_at = serializers.DateTimeField(allow_null=True)
+    state = serializers.CharField()
+    state_reason = serializers.CharField()
+    version = serializers.IntegerField()
+    next_run_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    tags = serializers.DictField(child=serializers.CharField())
+    max_runs = serializers.IntegerField(allow_null=True)
+    remaining_runs = serializers.IntegerField(allow_null=True)
+
+
+class SchedulePage(serializers.Serializer):
+    items = ScheduleSummary(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class FireTime(serializers.Serializer):
+    utc = serializers.DateTimeField()
+    local = serializers.DateTimeField()
+    note = serializers.CharField()
+
+
+class OccurrenceSummary(serializers.Serializer):
+    id = serializers.UUIDField()
+    scheduled_for = serializers.DateTimeField()
+    version = serializers.IntegerField()
+    state = serializers.CharField()
+    origin = serializers.CharField()
+    attempts = serializers.IntegerField()
+    lag_seconds = serializers.FloatField(allow_null=True)
+    enqueued_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField()
+    last_error = serializers.CharField()
+
+
+class OccurrencePage(serializers.Serializer):
+    items = OccurrenceSummary(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class Counters(serializers.Serializer):
+    runs = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    dead = serializers.IntegerField()
+    missed = serializers.IntegerField()
+    skipped_overlap = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+    canceled = serializers.IntegerField()
+    pending = serializers.IntegerField()
+
+
+class ScheduleDescription(serializers.Serializer):
+    schedule = ScheduleSummary()
+    settings = serializers.DictField()
+    current_version = serializers.DictField(allow_null=True)
+    paused_at = serializers.DateTimeField(allow_null=True)
+    next_fire_times = FireTime(many=True)
+    recent = OccurrenceSummary(many=True)
+    counters = Counters()
+    runs_counted = serializers.IntegerField()
+    pause_after_failures = serializers.IntegerField(allow_null=True)
+    consecutive_failures = serializers.IntegerField()
+    skipped_times = serializers.ListField(child=serializers.DateTimeField())
+
+
+class LifecycleOutcome(serializers.Serializer):
+    schedule_id = serializers.UUIDField()
+    version = serializers.IntegerField()
+    state = serializers.CharField()
+    changed = serializers.BooleanField()
+    invalidated = serializers.IntegerField()
+    still_running = serializers.ListField(child=serializers.UUIDField())
+    message = serializers.CharField()
+
+
+class SkipOutcome(serializers.Serializer):
+    schedule_id = serializers.UUIDField()
+    scheduled_for = serializers.DateTimeField()
+    occurrence_id = serializers.UUIDField(allow_null=True)
+    reason = serializers.CharField()
+
+
+class BackfillOutcome(serializers.Serializer):
+    schedule_id = serializers.UUIDField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    fire_times = serializers.IntegerField()
+    created = serializers.ListField(child=serializers.UUIDField())
+    already_backfilled = serializers.IntegerField()
+    already_ran = serializers.IntegerField()
+    releases_from = serializers.DateTimeField(allow_null=True)
+    releases_until = serializers.DateTimeField(allow_null=True)
+
+
+class BulkItem(serializers.Serializer):
+    schedule_id = serializers.UUIDField()
+    name = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=["changed", "unchanged", "refused"])
+    state = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class BulkOutcome(serializers.Serializer):
+    action = serializers.CharField()
+    items = BulkItem(many=True)
+
+
+class TenantInfo(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    max_schedules = serializers.IntegerField(allow_null=True)
+    max_trigger_rate = serializers.IntegerField(allow_null=True)
+    max_running = serializers.IntegerField(allow_null=True)
+    catchup_rate = serializers.IntegerField(allow_null=True)
+    relay_weight = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class TenantUsage(serializers.Serializer):
+    tenant = TenantInfo()
+    schedules = serializers.IntegerField()
+    running = serializers.IntegerField()
+    published_last_minute = serializers.IntegerField()
+    catchup_backlog = serializers.IntegerField()
+    measured_at = serializers.DateTimeField()

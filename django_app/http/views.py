@@ -1,0 +1,389 @@
+"""The API's views: parse (serializers), scope (auth), call ``celery_scheduler.api``, format.
+
+Every schedule id in a URL is looked up inside the caller's tenant first
+(``reads.get_schedule(id, tenant=...)``): another tenant's schedule answers 404 exactly like
+a missing one, before the operation runs, so nothing of it is read or written. A schedule's
+tenant never changes, so the check cannot go stale before the call.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import Q
+from django.http import Http404
+from django.urls import include, path
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from drf_spectacular.utils import extend_schema as _extend_schema
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework import exceptions, serializers
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from celery_scheduler import api, errors
+from celery_scheduler.api_types import as_json
+from django_app import reads
+from django_app.http import auth
+from django_app.http import errors as http_errors
+from django_app.http import serializers as s
+from django_app.http.auth import scope_of
+from django_app.models import Occurrence
+
+_ERRORS = {
+    400: OpenApiResponse(s.Error, "Validation error; `field` names the bad input."),
+    401: OpenApiResponse(s.Error, "No or bad credentials."),
+    403: OpenApiResponse(s.Error, "Not allowed for this credential."),
+    404: OpenApiResponse(s.Error, "No such object in the caller's tenant."),
+    409: OpenApiResponse(s.Error, "Conflict: idempotency key, version or state."),
+}
+
+
+def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
+    """drf-spectacular's ``extend_schema`` on drf-spectacular's AutoSchema, whatever the
+    project's ``DEFAULT_SCHEMA_CLASS``: mounting the API needs no settings."""
+
+    def decorate(method: Any) -> Any:
+        method.schema = AutoSchema
+        return _extend_schema(**kwargs)(method)
+
+    return decorate
+
+
+def _responses(ok: Any, status: int = 200, *codes: int) -> dict[int, Any]:
+    return {status: ok, **{c: _ERRORS[c] for c in (400, 401, 403, 404, 409, *codes) if c}}
+
+
+class SchedulerAPIView(APIView):
+    """Everything explicit, so the project's REST_FRAMEWORK settings do not change the API."""
+
+    authentication_classes = [auth.TenantTokenAuthentication, SessionAuthentication]
+    permission_classes = [auth.HasTenantScope]
+    renderer_classes = [JSONRenderer]
+    parser_classes = [JSONParser]
+    schema = AutoSchema()
+
+    def get_exception_handler(self) -> Callable[..., Response | None]:
+        return http_errors.handle
+
+    def parse(self, serializer: type[s.Strict], data: Any) -> dict[str, Any]:
+        if not hasattr(data, "keys"):
+            raise exceptions.ValidationError({"non_field_errors": "expected a JSON object"})
+        ser = serializer(data=data)
+        ser.is_valid(raise_exception=True)
+        return ser.given()
+
+    def query(self, serializer: type[s.Strict], request: Request) -> dict[str, Any]:
+        params = request.query_params
+        data: dict[str, Any] = {
+            k: params.getlist(k) if k == "tag" else params.get(k) for k in params.keys()
+        }
+        return self.parse(serializer, data)
+
+    def schedule(self, request: Request, schedule_id: uuid.UUID) -> Any:
+        """The schedule in the caller's scope, or 404 (another tenant's one included)."""
+        return reads.get_schedule(schedule_id, tenant=scope_of(request).slug)
+
+
+def _filters(request: Request, given: dict[str, Any]) -> dict[str, Any]:
+    """list_schedules/bulk keyword arguments, confined to the caller's tenant."""
+    filters = dict(given)
+    filters["tenant"] = scope_of(request).tenant_filter(filters.get("tenant"))
+    tags = filters.pop("tag", None)
+    if tags:
+        if len(tags) == 1:
+            filters["tag"] = tags[0]
+        else:
+            pairs = [t.partition("=") for t in tags]
+            if any(not sep for _, sep, _ in pairs):
+                raise errors.ValidationError(
+                    "several tag filters must each be 'key=value'", field="tag"
+                )
+            filters["tag"] = {k: v for k, _, v in pairs}
+    return {k: v for k, v in filters.items() if v is not None}
+
+
+def _lifecycle(result: Any) -> dict[str, Any]:
+    return {
+        "schedule_id": str(result.schedule.id),
+        "version": result.version,
+        "state": result.state,
+        "changed": result.changed,
+        "invalidated": result.invalidated,
+        "still_running": [str(i) for i in result.still_running],
+        "message": result.describe(),
+    }
+
+
+class ScheduleListView(SchedulerAPIView):
+    @extend_schema(
+        parameters=[s.ListQuery],
+        responses=_responses(s.SchedulePage),
+        summary="List schedules (filters, keyset cursor)",
+        operation_id="schedules_list",
+    )
+    def get(self, request: Request) -> Response:
+        given = self.query(s.ListQuery, request)
+        limit = given.pop("limit", 50)
+        cursor = given.pop("cursor", None) or None
+        try:
+            page = api.list_schedules(**_filters(request, given), limit=limit, after=cursor)
+        except errors.ValidationError as exc:
+            if exc.field == "after":  # the HTTP name of the API's `after`
+                raise errors.ValidationError(str(exc), field="cursor") from None
+            raise
+        return Response(as_json(page))
+
+    @extend_schema(
+        request=s.ScheduleCreate,
+        responses=_responses(s.ScheduleDescription, 201),
+        summary="Create a schedule (idempotent with idempotency_key)",
+    )
+    def post(self, request: Request) -> Response:
+        given = self.parse(s.ScheduleCreate, request.data)
+        given["tenant"] = scope_of(request).tenant_filter(given.get("tenant") or None)
+        schedule = api.create_schedule(**given)
+        described = api.describe_schedule(schedule.id, tenant=scope_of(request).slug)
+        return Response(as_json(described), status=201)
+
+
+class ScheduleDetailView(SchedulerAPIView):
+    @extend_schema(
+        parameters=[s.DescribeQuery],
+        responses=_responses(s.ScheduleDescription),
+        summary="Describe a schedule",
+        operation_id="schedules_describe",
+    )
+    def get(self, request: Request, schedule_id: uuid.UUID) -> Response:
+        counts = self.query(s.DescribeQuery, request)
+        described = api.describe_schedule(schedule_id, tenant=scope_of(request).slug, **counts)
+        return Response(as_json(described))
+
+    @extend_schema(
+        request=s.ScheduleUpdate,
+        responses=_responses(s.LifecycleOutcome),
+        summary="Update a schedule (a new version); expected_version makes it conditional",
+    )
+    def patch(self, request: Request, schedule_id: uuid.UUID) -> Response:
+        given = self.parse(s.ScheduleUpdate, request.data)
+        self.schedule(request, schedule_id)
+        return Response(_lifecycle(api.update_schedule(schedule_id, **given)))
+
+
+class _ActionView(SchedulerAPIView):
+    request_serializer: type[s.Strict] = s.EmptyRequest
+
+    def act(self, schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
+        raise NotImplementedError
+
+    def post(self, request: Request, schedule_id: uuid.UUID) -> Response:
+        given = self.parse(self.request_serializer, request.data)
+        self.schedule(request, schedule_id)
+        return Response(self.act(schedule_id, given, scope_of(request).slug))
+
+
+def _action(
+    summary: str,
+    request: type[s.Strict],
+    response: type[serializers.Serializer],
+    act: Callable[[uuid.UUID, dict[str, Any], str | None], Any],
+) -> type[_ActionView]:
+    class View(_ActionView):
+        request_serializer = request
+
+        def act(self, schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
+            return act(schedule_id, given, slug)
+
+        @extend_schema(request=request, responses=_responses(response), summary=summary)
+        def post(self, request: Request, schedule_id: uuid.UUID) -> Response:
+            return super().post(request, schedule_id)
+
+    View.__name__ = View.__qualname__ = summary.title().replace(" ", "").replace("-", "") + "View"
+    return View
+
+
+def _run_now(schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
+    return as_json(reads.occurrence_summary(api.run_now(schedule_id)))
+
+
+PauseView = _action(
+    "pause",
+    s.PauseRequest,
+    s.LifecycleOutcome,
+    lambda i, g, t: _lifecycle(api.pause_schedule(i, **g)),
+)
+ResumeView = _action(
+    "resume", s.EmptyRequest, s.LifecycleOutcome, lambda i, g, t: _lifecycle(api.resume_schedule(i))
+)
+CancelView = _action(
+    "cancel", s.EmptyRequest, s.LifecycleOutcome, lambda i, g, t: _lifecycle(api.cancel_schedule(i))
+)
+RunNowView = _action("run now", s.EmptyRequest, s.OccurrenceSummary, _run_now)
+SkipView = _action(
+    "skip",
+    s.SkipRequest,
+    s.SkipOutcome,
+    lambda i, g, t: as_json(api.skip_occurrence(i, tenant=t, **g)),
+)
+BackfillView = _action(
+    "backfill",
+    s.BackfillRequest,
+    s.BackfillOutcome,
+    lambda i, g, t: as_json(api.backfill(i, tenant=t, **g)),
+)
+
+
+class OccurrenceListView(SchedulerAPIView):
+    @extend_schema(
+        parameters=[s.OccurrenceQuery],
+        responses=_responses(s.OccurrencePage),
+        summary="Occurrences of a schedule, newest first (keyset cursor)",
+    )
+    def get(self, request: Request, schedule_id: uuid.UUID) -> Response:
+        given = self.query(s.OccurrenceQuery, request)
+        schedule = self.schedule(request, schedule_id)
+        limit = given.get("limit", 50)
+        rows = Occurrence.objects.filter(schedule=schedule)
+        if given.get("cursor"):
+            try:
+                at, pk = reads.decode_cursor(given["cursor"])
+            except errors.ValidationError:
+                raise errors.ValidationError(
+                    "cursor is not a next_cursor of this list", field="cursor"
+                ) from None
+            # Keyset on (scheduled_for, id) descending: the occurrence_schedule_time index.
+            rows = rows.filter(Q(scheduled_for__lt=at) | Q(scheduled_for=at, id__lt=pk))
+        page = list(rows.order_by("-scheduled_for", "-id")[: limit + 1])
+        more = len(page) > limit
+        page = page[:limit]
+        cursor = reads.encode_cursor(page[-1].scheduled_for, page[-1].id) if more else None
+        items = [as_json(reads.occurrence_summary(o)) for o in page]
+        return Response({"items": items, "next_cursor": cursor})
+
+
+class ReplayView(SchedulerAPIView):
+    @extend_schema(
+        request=s.EmptyRequest,
+        responses=_responses(s.OccurrenceSummary),
+        summary="Replay a DEAD occurrence under its own id",
+    )
+    def post(self, request: Request, occurrence_id: uuid.UUID) -> Response:
+        self.parse(s.EmptyRequest, request.data)
+        rows = Occurrence.objects.filter(pk=occurrence_id)
+        slug = scope_of(request).slug
+        if slug is not None:
+            rows = rows.filter(tenant__slug=slug)
+        if not rows.exists():
+            raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id}")
+        return Response(as_json(reads.occurrence_summary(api.replay_occurrence(occurrence_id))))
+
+
+_BULK = {"pause": api.bulk_pause, "resume": api.bulk_resume, "cancel": api.bulk_cancel}
+
+
+class BulkView(SchedulerAPIView):
+    @extend_schema(
+        request=s.BulkRequest,
+        parameters=[
+            OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(_BULK)),
+        ],
+        responses=_responses(s.BulkOutcome),
+        summary="Pause, resume or cancel every schedule matching a filter",
+    )
+    def post(self, request: Request, action: str) -> Response:
+        call = _BULK.get(action)
+        if call is None:
+            raise errors.ValidationError(f"action must be one of {sorted(_BULK)}", field="action")
+        given = self.parse(s.BulkRequest, request.data)
+        note = given.pop("note", None)
+        if not any(v not in (None, "", []) for v in given.values()):
+            # A token's tenant is implied, not chosen: an empty filter would otherwise mean
+            # "every schedule of my tenant", which the API refuses to do by accident.
+            raise errors.ValidationError(
+                "give at least one filter (state, task, tag, name_contains, next_run_*); "
+                "a bulk change of every schedule is refused",
+                field="filter",
+            )
+        filters = _filters(request, given)
+        if note is not None:
+            if action != "pause":
+                raise errors.ValidationError("note is only for a bulk pause", field="note")
+            filters["note"] = note
+        return Response(as_json(call(**filters)))
+
+
+class TenantListView(SchedulerAPIView):
+    permission_classes = [auth.HasTenantScope, auth.StaffOnly]
+
+    @extend_schema(responses=_responses(s.TenantUsage(many=True)), summary="Tenants and usage")
+    def get(self, request: Request) -> Response:
+        slug = scope_of(request).slug
+        rows = [u for u in api.list_tenants() if slug is None or u.tenant.slug == slug]
+        return Response(as_json(rows))
+
+    @extend_schema(
+        request=s.TenantCreate,
+        responses=_responses(s.TenantInfo, 201),
+        summary="Create a tenant (superuser)",
+    )
+    def post(self, request: Request) -> Response:
+        given = self.parse(s.TenantCreate, request.data)
+        return Response(as_json(api.create_tenant(given.pop("slug"), **given)), status=201)
+
+
+class TenantDetailView(SchedulerAPIView):
+    permission_classes = [auth.HasTenantScope, auth.StaffOnly]
+
+    def _visible(self, request: Request, slug: str) -> None:
+        own = scope_of(request).slug
+        if own is not None and own != slug:
+            raise Http404(f"No tenant {slug!r}")
+
+    @extend_schema(responses=_responses(s.TenantUsage), summary="A tenant and its usage")
+    def get(self, request: Request, slug: str) -> Response:
+        self._visible(request, slug)
+        for usage in api.list_tenants():
+            if usage.tenant.slug == slug:
+                return Response(as_json(usage))
+        raise Http404(f"No tenant {slug!r}")
+
+    @extend_schema(
+        request=s.TenantUpdate,
+        responses=_responses(s.TenantInfo),
+        summary="Change a tenant's quotas or relay weight (superuser)",
+    )
+    def patch(self, request: Request, slug: str) -> Response:
+        given = self.parse(s.TenantUpdate, request.data)
+        try:
+            api.get_tenant(slug)
+        except errors.ValidationError:
+            raise Http404(f"No tenant {slug!r}") from None
+        return Response(as_json(api.update_tenant(slug, **given)))
+
+
+class _NotDocumented(AutoSchema):
+    def is_excluded(self) -> bool:
+        return True
+
+
+class SchemaView(SpectacularAPIView):
+    """The OpenAPI 3 document of this API alone (public: it describes, it holds no data).
+
+    Only this package's urls are walked, under the prefix the project mounted them at, so
+    other DRF views of the project (whatever their schema class) stay out of it.
+    """
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+    schema = _NotDocumented()
+
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        prefix = request.path_info.lstrip("/").removesuffix("schema/")
+        self.patterns = [path(prefix, include("django_app.http.urls"))]
+        return super().get(request, *args, **kwargs)
