@@ -34,12 +34,15 @@ def digest(secret: str) -> str:
 
 
 def issue(tenant: Tenant | str, name: str = "") -> IssuedToken:
-    """Create a token for ``tenant`` (object or slug) and return its one-time secret."""
-    if not isinstance(tenant, Tenant):
-        try:
-            tenant = Tenant.objects.get(slug=tenant)
-        except Tenant.DoesNotExist:
-            raise errors.ValidationError(f"Unknown tenant {tenant!r}", field="tenant") from None
+    """Create a token for ``tenant`` (object or slug) and return its one-time secret.
+
+    An unknown slug is a ``ValidationError`` on ``tenant``, except the ``default_tenant``
+    setting's, which is created as ``create_schedule`` would.
+    """
+    from django_app.lifecycle import resolve_tenant
+
+    # The same rule as creating a schedule: the default tenant exists on first use.
+    tenant = resolve_tenant(tenant)
     if len(name) > 200:
         raise errors.ValidationError("name is longer than 200 characters", field="name")
     token = ApiToken(tenant=tenant, name=name)
