@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from celery_scheduler import api
+from celery_scheduler import api, errors
 from django_app.http import tokens
 from django_app.models import ApiToken, Occurrence, Schedule, Tenant
 
@@ -54,6 +54,20 @@ def test_scheduler_token_create_list_revoke() -> None:
     assert unknown.returncode == 2
     assert "--tenant" in str(unknown)
     assert fails("scheduler_token", "revoke", "cs_ffffffff").returncode == 2
+
+
+def test_a_token_for_the_default_tenant_creates_it_like_a_schedule_would() -> None:
+    out, _ = run("scheduler_token", "create", "--tenant", "default")
+    assert tokens.check(out.strip()) is not None
+    assert Tenant.objects.filter(slug="default").exists()
+
+
+def test_update_with_an_expected_version_is_conditional() -> None:
+    s = api.create_schedule(**CREATE)
+    assert api.update_schedule(s.id, expected_version=1, name="renamed").version == 2
+    with pytest.raises(errors.VersionConflict):
+        api.update_schedule(s.id, expected_version=1, name="lost update")
+    assert Schedule.objects.get(pk=s.id).name == "renamed"
 
 
 def test_admin_creates_a_token_shown_once_and_revokes_it() -> None:
