@@ -89,11 +89,16 @@ class ScheduleFieldsMixin(Strict):
     tags = serializers.DictField(child=_text(), required=False)
 
 
+def _reason() -> Text:
+    return _text(help_text="Why, for the audit trail (the actor is the token or user).")
+
+
 class ScheduleCreate(ScheduleFieldsMixin):
     name = Text(trim_whitespace=False)
     task = Text(trim_whitespace=False)
     tenant = _text(help_text="Tenant slug (superusers; a token always uses its own).")
     idempotency_key = _text(help_text="The same key returns the same schedule (409 if reused).")
+    reason = _reason()
 
 
 class ScheduleUpdate(ScheduleFieldsMixin):
@@ -102,14 +107,23 @@ class ScheduleUpdate(ScheduleFieldsMixin):
     expected_version = _int(
         min_value=1, help_text="Apply only if the schedule is still at this version (409)."
     )
-
-
-class PauseRequest(Strict):
-    note = _text(help_text="Kept as the pause reason until resume.")
+    reason = _reason()
 
 
 class EmptyRequest(Strict):
     pass
+
+
+class ReasonRequest(Strict):
+    reason = _reason()
+
+
+class PauseRequest(ReasonRequest):
+    note = _text(help_text="Kept as the pause reason until resume.")
+
+
+class RunNowRequest(ReasonRequest):
+    idempotency_key = _text(help_text="The same key returns the same manual run.")
 
 
 class SkipRequest(Strict):
@@ -142,6 +156,7 @@ class ListQuery(FilterFields):
 
 class BulkRequest(FilterFields):
     note = _text(help_text="Pause note (bulk pause only).")
+    reason = _reason()
 
 
 class DescribeQuery(Strict):

@@ -91,6 +91,15 @@ class SchedulerAPIView(APIView):
         return reads.get_schedule(schedule_id, tenant=scope_of(request).slug)
 
 
+def actor_of(request: Request) -> str:
+    """Who is calling, for the audit trail: ``token:<prefix> (<name>)`` or ``user:<name>``."""
+    user: Any = request.user
+    if isinstance(user, auth.TokenUser):
+        name = f" ({user.token.name})" if user.token.name else ""
+        return f"token:{user.token.prefix}{name}"[:200]
+    return f"user:{user.get_username()}"[:200]
+
+
 def _filters(request: Request, given: dict[str, Any]) -> dict[str, Any]:
     """list_schedules/bulk keyword arguments, confined to the caller's tenant."""
     filters = dict(given)
@@ -148,7 +157,7 @@ class ScheduleListView(SchedulerAPIView):
     def post(self, request: Request) -> Response:
         given = self.parse(s.ScheduleCreate, request.data)
         given["tenant"] = scope_of(request).tenant_filter(given.get("tenant") or None)
-        schedule = api.create_schedule(**given)
+        schedule = api.create_schedule(**given, actor=actor_of(request))
         described = api.describe_schedule(schedule.id, tenant=scope_of(request).slug)
         return Response(as_json(described), status=201)
 
@@ -173,7 +182,8 @@ class ScheduleDetailView(SchedulerAPIView):
     def patch(self, request: Request, schedule_id: uuid.UUID) -> Response:
         given = self.parse(s.ScheduleUpdate, request.data)
         self.schedule(request, schedule_id)
-        return Response(_lifecycle(api.update_schedule(schedule_id, **given)))
+        result = api.update_schedule(schedule_id, **given, actor=actor_of(request))
+        return Response(_lifecycle(result))
 
 
 class _ActionView(SchedulerAPIView):
@@ -182,9 +192,14 @@ class _ActionView(SchedulerAPIView):
     def act(self, schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
         raise NotImplementedError
 
+    #: Whether the API call records an audit entry (it then takes ``actor``).
+    audited = True
+
     def post(self, request: Request, schedule_id: uuid.UUID) -> Response:
         given = self.parse(self.request_serializer, request.data)
         self.schedule(request, schedule_id)
+        if self.audited:
+            given["actor"] = actor_of(request)
         return Response(self.act(schedule_id, given, scope_of(request).slug))
 
 
@@ -193,9 +208,14 @@ def _action(
     request: type[s.Strict],
     response: type[serializers.Serializer],
     act: Callable[[uuid.UUID, dict[str, Any], str | None], Any],
+    *,
+    audited: bool = True,
 ) -> type[_ActionView]:
+    audited_ = audited
+
     class View(_ActionView):
         request_serializer = request
+        audited = audited_
 
         def act(self, schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
             return act(schedule_id, given, slug)
@@ -209,7 +229,7 @@ def _action(
 
 
 def _run_now(schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
-    return as_json(reads.occurrence_summary(api.run_now(schedule_id)))
+    return as_json(reads.occurrence_summary(api.run_now(schedule_id, **given)))
 
 
 PauseView = _action(
@@ -219,23 +239,31 @@ PauseView = _action(
     lambda i, g, t: _lifecycle(api.pause_schedule(i, **g)),
 )
 ResumeView = _action(
-    "resume", s.EmptyRequest, s.LifecycleOutcome, lambda i, g, t: _lifecycle(api.resume_schedule(i))
+    "resume",
+    s.ReasonRequest,
+    s.LifecycleOutcome,
+    lambda i, g, t: _lifecycle(api.resume_schedule(i, **g)),
 )
 CancelView = _action(
-    "cancel", s.EmptyRequest, s.LifecycleOutcome, lambda i, g, t: _lifecycle(api.cancel_schedule(i))
+    "cancel",
+    s.ReasonRequest,
+    s.LifecycleOutcome,
+    lambda i, g, t: _lifecycle(api.cancel_schedule(i, **g)),
 )
-RunNowView = _action("run now", s.EmptyRequest, s.OccurrenceSummary, _run_now)
+RunNowView = _action("run now", s.RunNowRequest, s.OccurrenceSummary, _run_now)
 SkipView = _action(
     "skip",
     s.SkipRequest,
     s.SkipOutcome,
     lambda i, g, t: as_json(api.skip_occurrence(i, tenant=t, **g)),
+    audited=False,
 )
 BackfillView = _action(
     "backfill",
     s.BackfillRequest,
     s.BackfillOutcome,
     lambda i, g, t: as_json(api.backfill(i, tenant=t, **g)),
+    audited=False,
 )
 
 
@@ -269,19 +297,20 @@ class OccurrenceListView(SchedulerAPIView):
 
 class ReplayView(SchedulerAPIView):
     @extend_schema(
-        request=s.EmptyRequest,
+        request=s.ReasonRequest,
         responses=_responses(s.OccurrenceSummary),
         summary="Replay a DEAD occurrence under its own id",
     )
     def post(self, request: Request, occurrence_id: uuid.UUID) -> Response:
-        self.parse(s.EmptyRequest, request.data)
+        given = self.parse(s.ReasonRequest, request.data)
         rows = Occurrence.objects.filter(pk=occurrence_id)
         slug = scope_of(request).slug
         if slug is not None:
             rows = rows.filter(tenant__slug=slug)
         if not rows.exists():
             raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id}")
-        return Response(as_json(reads.occurrence_summary(api.replay_occurrence(occurrence_id))))
+        replayed = api.replay_occurrence(occurrence_id, **given, actor=actor_of(request))
+        return Response(as_json(reads.occurrence_summary(replayed)))
 
 
 _BULK = {"pause": api.bulk_pause, "resume": api.bulk_resume, "cancel": api.bulk_cancel}
@@ -302,6 +331,7 @@ class BulkView(SchedulerAPIView):
             raise errors.ValidationError(f"action must be one of {sorted(_BULK)}", field="action")
         given = self.parse(s.BulkRequest, request.data)
         note = given.pop("note", None)
+        reason = given.pop("reason", None)
         if not any(v not in (None, "", []) for v in given.values()):
             # A token's tenant is implied, not chosen: an empty filter would otherwise mean
             # "every schedule of my tenant", which the API refuses to do by accident.
@@ -315,7 +345,7 @@ class BulkView(SchedulerAPIView):
             if action != "pause":
                 raise errors.ValidationError("note is only for a bulk pause", field="note")
             filters["note"] = note
-        return Response(as_json(call(**filters)))
+        return Response(as_json(call(**filters, actor=actor_of(request), reason=reason)))
 
 
 class TenantListView(SchedulerAPIView):

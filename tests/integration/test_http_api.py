@@ -20,6 +20,7 @@ from celery_scheduler import api
 from django_app.http import tokens
 from django_app.models import (
     ApiToken,
+    AuditEntry,
     Occurrence,
     OutboxEntry,
     Schedule,
@@ -138,9 +139,37 @@ def test_every_schedule_endpoint_with_a_tenant_token(acme: HttpClient) -> None:
     assert replayed.status == 200
     assert replayed.body["state"] == "ENQUEUED"
 
-    canceled = acme.post(f"schedules/{sid}/cancel/")
+    canceled = acme.post(f"schedules/{sid}/cancel/", {"reason": "replaced by v2"})
     assert canceled.status == 200
     assert canceled.body["state"] == "CANCELED"
+
+
+def test_changes_are_audited_with_the_token_or_user_as_actor(
+    live_server: Any, acme: HttpClient
+) -> None:
+    sid = acme.post("schedules/", {**CREATE, "reason": "ticket 42"}).body["schedule"]["id"]
+    assert acme.post(f"schedules/{sid}/pause/", {"note": "freeze"}).status == 200
+    again = acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": "click-1"})
+    assert acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": "click-1"}).body == again.body
+    root = session_client(
+        live_server.url, User.objects.create_superuser("root", "root@example.com", "pw")
+    )
+    assert root.post(f"schedules/{sid}/cancel/", {"reason": "done"}).status == 200
+    prefix = ApiToken.objects.get(name="ci").prefix
+    entries = list(
+        AuditEntry.objects.filter(schedule_id=sid)
+        .order_by("at", "id")
+        .values_list("action", "actor", "reason")
+    )
+    token = f"token:{prefix} (ci)"
+    assert entries == [
+        ("create", token, "ticket 42"),
+        ("pause", token, "freeze"),
+        ("run_now", token, ""),
+        ("run_now", token, ""),
+        ("cancel", "user:root", "done"),
+    ], entries
+    assert Occurrence.objects.filter(schedule_id=sid, manual=True).count() == 1
 
 
 def test_bulk_actions_by_filter_report_each_schedule(acme: HttpClient) -> None:
