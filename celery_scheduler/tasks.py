@@ -53,6 +53,7 @@ R = TypeVar("R")
 _occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", default=None)
 _idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
 _tenant_id: ContextVar[int | None] = ContextVar("scheduler_tenant_id", default=None)
+_fencing_token: ContextVar[int | None] = ContextVar("scheduler_fencing_token", default=None)
 
 MAX_KEY_LENGTH = 255
 
@@ -67,6 +68,11 @@ def current_tenant_id() -> int | None:
     return _tenant_id.get()
 
 
+def current_fencing_token() -> int | None:
+    """The fencing token of the claim the current body runs under (None outside one)."""
+    return _fencing_token.get()
+
+
 def current_idempotency_key() -> str | None:
     """The business key of the running ``@idempotent_task`` body (None outside one).
 
@@ -77,17 +83,22 @@ def current_idempotency_key() -> str | None:
 
 
 @contextmanager
-def occurrence_context(occurrence_id: str, tenant_id: int | None = None) -> Iterator[None]:
+def occurrence_context(
+    occurrence_id: str, tenant_id: int | None = None, fencing_token: int | None = None
+) -> Iterator[None]:
     """Run the enclosed body as occurrence ``occurrence_id`` of tenant ``tenant_id``.
 
     Set by the wrapper task; ``tenant_id`` selects the idempotency namespace (None: the
-    default namespace).
+    default namespace); ``fencing_token`` is the claim's, which ``@idempotent_task``
+    re-checks before it commits the effect.
     """
     token = _occurrence_id.set(str(occurrence_id))
     tenant_token = _tenant_id.set(tenant_id)
+    fence_token = _fencing_token.set(fencing_token)
     try:
         yield
     finally:
+        _fencing_token.reset(fence_token)
         _tenant_id.reset(tenant_token)
         _occurrence_id.reset(token)
 

@@ -19,8 +19,10 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from celery_scheduler import errors
-from celery_scheduler.tasks import idempotency_context
-from django_app.models import IdempotencyRecord
+from celery_scheduler.core.clock import SYSTEM_CLOCK
+from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.tasks import current_fencing_token, idempotency_context
+from django_app.models import IdempotencyRecord, Occurrence
 
 logger = logging.getLogger("celery_scheduler.idempotency")
 
@@ -75,4 +77,43 @@ def run_once(
             value = body()
         result = as_json(value, task_name)
         IdempotencyRecord.objects.filter(**namespace).update(result=result)
+        _require_current_claim(occurrence_id, task_name)
         return result
+
+
+def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
+    """Refuse to commit the effect of a scheduled run whose claim is no longer current.
+
+    A worker stalled past its lease (GC pause, SIGSTOP) wakes after the reaper re-queued its
+    run and maybe another worker took it, and its concurrency slot, over. Fencing the
+    scheduler's rows is not enough: its effect would commit beside the new owner's. Under
+    a row lock (the reaper and a re-claim take the same lock), the occurrence must still be
+    RUNNING under this claim's token with a live lease; else the whole transaction, effect
+    and idempotency record, rolls back and the current owner runs it.
+    """
+    token = current_fencing_token()
+    if occurrence_id is None or token is None:
+        return  # not a scheduled run (.delay(), a direct call): nothing to fence against
+    current = (
+        Occurrence.objects.select_for_update()
+        .filter(
+            pk=occurrence_id,
+            fencing_token=token,
+            state=OccurrenceState.RUNNING.value,
+            lease_expires_at__gt=SYSTEM_CLOCK.now(),
+        )
+        .exists()
+    )
+    if not current:
+        logger.warning(
+            "idempotent task %s: occurrence %s is no longer claimed under token %s; its "
+            "effect is rolled back",
+            task_name,
+            occurrence_id,
+            token,
+            extra={"event": "stale_effect", "occurrence_id": occurrence_id},
+        )
+        raise errors.StaleWrite(
+            f"occurrence {occurrence_id}: the claim under fencing token {token} expired or "
+            "was taken over while the body ran; its effect was rolled back"
+        )

@@ -170,7 +170,7 @@ def execute(
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
     try:
-        with occurrence_context(occurrence_id, tenant_id=claimed.tenant_id):
+        with occurrence_context(occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token):
             value = target(*args, **kwargs)
     except Exception as exc:
         heartbeat.stop()

@@ -25,8 +25,9 @@ intervals; no schedule created beyond its tenant's ``max_schedules``; and the re
 agrees (no ABSENT, every SUCCEEDED has its effect, every effect's occurrence is SUCCEEDED).
 
 A worker SIGSTOPped past its occurrence lease may finish a body after its slot was taken
-over (fencing protects the scheduler's state, not an effect already done: README,
-"Delivery"): overlaps involving such a body are listed as excused, not hidden.
+over; ``@idempotent_task`` re-checks the claim before it commits, so such a body's effect
+rolls back and no excuse is made for it: an overlap or a disagreement involving it is a
+violation like any other (the evidence says the body was stalled).
 """
 
 from __future__ import annotations
@@ -557,19 +558,16 @@ def judge(
     for key, group in members.items():
         for over in exceeded(group, limits[key]):
             evidence = [g.brief() for g in over]
+            note = ""
             if any(_stalled_during(g, stalled) for g in over):
-                verdict.excuse(
-                    "cap_exceeded",
-                    f"{key}: {len(over)} ran at once (limit "
-                    f"{limits[key]}); a body was SIGSTOPped past its lease",
-                    evidence,
-                )
-            else:
-                verdict.add(
-                    "cap_exceeded",
-                    f"{key}: {len(over)} ran at once (limit {limits[key]})",
-                    evidence,
-                )
+                # @idempotent_task re-checks the claim before it commits: a body stalled
+                # past its lease must have rolled back, so this is no excuse.
+                note = "; a body was SIGSTOPped past its lease and still committed"
+            verdict.add(
+                "cap_exceeded",
+                f"{key}: {len(over)} ran at once (limit {limits[key]}){note}",
+                evidence,
+            )
 
     # -- tenant schedule quota -------------------------------------------------------------
     for slug, t in tenants.items():
@@ -719,11 +717,8 @@ def check_reconcile(
         if item is None or item["state"] != "SUCCEEDED":
             what = f"{scheds[e.schedule_id].key}: effect ran but reconcile reports {state}"
             if _stalled_during(e, stalled):
-                verdict.excuse(
-                    "reconcile", what + " (its worker was stalled past its lease)", [e.brief()]
-                )
-            else:
-                verdict.add("reconcile", what, [e.brief()])
+                what += " (its worker was stalled past its lease and still committed)"
+            verdict.add("reconcile", what, [e.brief()])
 
 
 def uuid_str(value: Any) -> str:
