@@ -43,6 +43,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -53,7 +54,7 @@ R = TypeVar("R")
 _occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", default=None)
 _idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
 _tenant_id: ContextVar[int | None] = ContextVar("scheduler_tenant_id", default=None)
-_fencing_token: ContextVar[int | None] = ContextVar("scheduler_fencing_token", default=None)
+_fence: ContextVar[tuple[int, Clock] | None] = ContextVar("scheduler_fence", default=None)
 
 MAX_KEY_LENGTH = 255
 
@@ -68,9 +69,10 @@ def current_tenant_id() -> int | None:
     return _tenant_id.get()
 
 
-def current_fencing_token() -> int | None:
-    """The fencing token of the claim the current body runs under (None outside one)."""
-    return _fencing_token.get()
+def current_fence() -> tuple[int, Clock] | None:
+    """The claim the current body runs under: its fencing token and the wrapper's clock
+    (None outside a scheduled run)."""
+    return _fence.get()
 
 
 def current_idempotency_key() -> str | None:
@@ -84,21 +86,25 @@ def current_idempotency_key() -> str | None:
 
 @contextmanager
 def occurrence_context(
-    occurrence_id: str, tenant_id: int | None = None, fencing_token: int | None = None
+    occurrence_id: str,
+    tenant_id: int | None = None,
+    fencing_token: int | None = None,
+    clock: Clock | None = None,
 ) -> Iterator[None]:
     """Run the enclosed body as occurrence ``occurrence_id`` of tenant ``tenant_id``.
 
     Set by the wrapper task; ``tenant_id`` selects the idempotency namespace (None: the
     default namespace); ``fencing_token`` is the claim's, which ``@idempotent_task``
-    re-checks before it commits the effect.
+    re-checks (lease measured on ``clock``, default the system clock) before it commits.
     """
     token = _occurrence_id.set(str(occurrence_id))
     tenant_token = _tenant_id.set(tenant_id)
-    fence_token = _fencing_token.set(fencing_token)
+    fence = None if fencing_token is None else (fencing_token, clock or SYSTEM_CLOCK)
+    fence_token = _fence.set(fence)
     try:
         yield
     finally:
-        _fencing_token.reset(fence_token)
+        _fence.reset(fence_token)
         _tenant_id.reset(tenant_token)
         _occurrence_id.reset(token)
 

@@ -19,9 +19,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from celery_scheduler import errors
-from celery_scheduler.core.clock import SYSTEM_CLOCK
 from celery_scheduler.core.enums import OccurrenceState
-from celery_scheduler.tasks import current_fencing_token, idempotency_context
+from celery_scheduler.tasks import current_fence, idempotency_context
 from django_app.models import IdempotencyRecord, Occurrence
 
 logger = logging.getLogger("celery_scheduler.idempotency")
@@ -91,20 +90,26 @@ def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
     RUNNING under this claim's token with a live lease; else the whole transaction, effect
     and idempotency record, rolls back and the current owner runs it.
     """
-    token = current_fencing_token()
-    if occurrence_id is None or token is None:
+    fence = current_fence()
+    if occurrence_id is None or fence is None:
         return  # not a scheduled run (.delay(), a direct call): nothing to fence against
+    token, clock = fence
     current = (
         Occurrence.objects.select_for_update()
         .filter(
             pk=occurrence_id,
             fencing_token=token,
             state=OccurrenceState.RUNNING.value,
-            lease_expires_at__gt=SYSTEM_CLOCK.now(),
+            lease_expires_at__gt=clock.now(),
         )
         .exists()
     )
     if not current:
+        now = (
+            Occurrence.objects.filter(pk=occurrence_id)
+            .values("state", "fencing_token", "lease_expires_at")
+            .first()
+        )
         logger.warning(
             "idempotent task %s: occurrence %s is no longer claimed under token %s; its "
             "effect is rolled back",
@@ -115,5 +120,6 @@ def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
         )
         raise errors.StaleWrite(
             f"occurrence {occurrence_id}: the claim under fencing token {token} expired or "
-            "was taken over while the body ran; its effect was rolled back"
+            f"was taken over while the body ran (now {now}, at {clock.now():%H:%M:%S}); its "
+            "effect was rolled back"
         )

@@ -170,7 +170,9 @@ def execute(
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
     try:
-        with occurrence_context(occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token):
+        with occurrence_context(
+            occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock
+        ):
             value = target(*args, **kwargs)
     except Exception as exc:
         heartbeat.stop()
