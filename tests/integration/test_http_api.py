@@ -443,6 +443,7 @@ def test_openapi_schema_is_generated_and_valid(live_server: Any) -> None:
     assert reply.status == 200
     schema = reply.body
     validate(schema)  # openapi-spec-validator, offline
+    assert schema["info"]["title"] == "celery-scheduler HTTP API"
     paths = set(schema["paths"])
     base = "/scheduler/api/"
     expected = {
