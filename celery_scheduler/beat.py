@@ -274,6 +274,7 @@ class DatabaseScheduler(beat.Scheduler):
             self._relay_poll(relay)
             self._materialize(relay)
             self._reap_expired_leases()
+            self._redeliver_lost()
             self._relay_poll(relay)
 
     def _reap_expired_leases(self) -> None:
@@ -287,6 +288,18 @@ class DatabaseScheduler(beat.Scheduler):
         reaped = reap_expired(clock=self.clock, limit=conf_batch_size())
         if reaped:
             logger.info("beat %s: re-queued %d expired occurrence lease(s)", self.node, reaped)
+
+    def _redeliver_lost(self) -> None:
+        """Occurrences whose message the broker lost go back through the outbox (same id).
+
+        Every beat may do this too: each re-open is conditional on the ``sent_at`` it read,
+        so two beats cannot both re-publish one occurrence (django_app.redelivery).
+        """
+        from django_app.redelivery import redeliver_lost
+
+        redelivered = redeliver_lost(clock=self.clock, limit=conf_batch_size())
+        if redelivered:
+            logger.info("beat %s: re-queued %d lost message(s)", self.node, redelivered)
 
     def _relay_poll(self, relay: LookaheadRelay) -> None:
         relay.poll()

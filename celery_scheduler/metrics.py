@@ -57,6 +57,7 @@ CounterName = Literal[
     "tenant_throttled_total",
     "claims_rejected_stale_total",
     "schedules_parked_total",
+    "redelivered_total",
 ]
 GaugeName = Literal["outbox_backlog", "materialization_lag_seconds"]
 HistogramName = Literal["schedule_lag_seconds", "queue_age_seconds", "state_seconds"]
@@ -94,6 +95,10 @@ _COUNTERS: dict[str, _Spec] = {
     ),
     "schedules_parked_total": _Spec(
         "Schedules parked because their stored timing cannot be planned.", ("tenant",)
+    ),
+    "redelivered_total": _Spec(
+        "Occurrences published again because their message was never claimed in time.",
+        ("tenant",),
     ),
 }
 _GAUGES: dict[str, _Spec] = {

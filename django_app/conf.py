@@ -32,6 +32,12 @@ class SchedulerSettings:
     publish_timeout_seconds: float = 5.0
     #: Lease duration for an occurrence claimed by a worker; renewed by heartbeat (seconds).
     occurrence_lease_seconds: int = 300
+    #: An occurrence still ENQUEUED (never claimed) this long after its message was published
+    #: had that message lost by the broker (restart without persistence, purged queue, worker
+    #: killed before its claim): beat publishes it again under the same id. Keep it above the
+    #: longest time a message may legitimately wait in the queue: an early re-publish is
+    #: harmless (the claim fences the copy) but costs a message. 0 turns redelivery off.
+    redelivery_timeout_seconds: int = 600
     #: Default tenant slug for schedules created without one (and for static beat entries).
     default_tenant: str = "default"
     #: Defaults applied when a schedule does not set them.

@@ -221,8 +221,17 @@ def _jsonable(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
 
 
+# acks_late + reject_on_worker_lost: a worker that dies before (or while) running the
+# wrapper gives the message back to the broker instead of having acked it on receipt, so a
+# crash between receiving and claiming does not wait for the redelivery timeout. A copy that
+# arrives while the first is still running, or after it finished, is a duplicate at the claim.
 @shared_task(
-    name="celery_scheduler.run_occurrence", bind=True, max_retries=None, ignore_result=True
+    name="celery_scheduler.run_occurrence",
+    bind=True,
+    max_retries=None,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
 )
 def run_occurrence(
     self: Task[Any, Any],

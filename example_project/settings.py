@@ -96,6 +96,7 @@ CELERY_SCHEDULER = {
         ("horizon_seconds", os.environ.get("CELERY_SCHEDULER_HORIZON")),
         ("occurrence_lease_seconds", os.environ.get("CELERY_SCHEDULER_OCCURRENCE_LEASE")),
         ("lease_seconds", os.environ.get("CELERY_SCHEDULER_LEASE_SECONDS")),
+        ("redelivery_timeout_seconds", os.environ.get("CELERY_SCHEDULER_REDELIVERY_TIMEOUT")),
         ("bulk_materialize", os.environ.get("CELERY_SCHEDULER_BULK_MATERIALIZE")),
         ("burst_relay", os.environ.get("CELERY_SCHEDULER_BURST_RELAY")),
         ("burst_lookahead_seconds", os.environ.get("CELERY_SCHEDULER_BURST_LOOKAHEAD")),

@@ -1,0 +1,141 @@
+"""Recover occurrences whose message the broker lost: publish them again under the same id.
+
+An occurrence is ENQUEUED once the broker accepted its message, and leaves that state only
+when a worker claims it. If it is still ENQUEUED ``redelivery_timeout_seconds`` after its
+last publish (the outbox row's ``sent_at``), the message is presumed lost (Redis restarted
+without persistence, the queue was purged, a worker died between receiving and claiming)
+and :func:`redeliver_lost` re-opens its outbox row (``sent_at = NULL``, due now): the relay
+publishes it again, same occurrence id, and counts ``redelivered_total{tenant}``.
+
+Why this is safe:
+
+- a message that was only slow, not lost, arrives next to its copy; the claim (one row
+  lock, fencing token, "RUNNING under a live lease or finished is a duplicate") lets exactly
+  one copy run the body;
+- several beats run the pass at once: each re-open is ``UPDATE outbox ... WHERE id = %s
+  AND sent_at = <the sent_at it read>``, so one beat wins and the others change nothing,
+  also after the relay re-sent it (a new ``sent_at``);
+- the occurrence row is locked (``SKIP LOCKED``) and re-checked ENQUEUED in the same
+  transaction, so a worker claiming it right now is never raced (it is skipped, not waited
+  for).
+
+Cheap when nothing is lost: the scan goes through the ``(state, scheduled_for)`` index over
+ENQUEUED occurrences scheduled before the cutoff (a publish never precedes its
+``scheduled_for``), which are only the queue's backlog.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+
+from celery_scheduler import metrics
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import OccurrenceState as S
+from django_app import conf
+from django_app.models import Occurrence, OutboxEntry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LostMessage:
+    """An outbox row as the scan read it (``sent_at`` is the re-open's condition)."""
+
+    outbox_id: int
+    occurrence_id: uuid.UUID
+    sent_at: datetime
+    tenant: str
+
+
+def configured_timeout() -> timedelta | None:
+    """``redelivery_timeout_seconds`` as a timedelta; None when redelivery is off (0)."""
+    seconds = conf.get().redelivery_timeout_seconds
+    return timedelta(seconds=seconds) if seconds > 0 else None
+
+
+def find_lost(now: datetime, timeout: timedelta, *, limit: int) -> list[LostMessage]:
+    """Up to ``limit`` ENQUEUED occurrences last published before ``now - timeout``.
+
+    Oldest publish first, so a pass that hits ``limit`` recovers the longest-lost first.
+    """
+    cutoff = now - timeout
+    rows = (
+        OutboxEntry.objects.filter(
+            occurrence__state=S.ENQUEUED.value,
+            # Implied by the next condition (sent_at >= available_at >= scheduled_for);
+            # stated so the scan uses the occurrence (state, scheduled_for) index.
+            occurrence__scheduled_for__lt=cutoff,
+            sent_at__lt=cutoff,
+        )
+        .order_by("sent_at")
+        .values_list("id", "occurrence_id", "sent_at", "tenant__slug")[:limit]
+    )
+    # sent_at is never NULL here (filtered on), which the row type does not know.
+    return [
+        LostMessage(pk, occ, sent_at, tenant)
+        for pk, occ, sent_at, tenant in rows
+        if sent_at is not None
+    ]
+
+
+def reopen(lost: list[LostMessage], now: datetime) -> list[LostMessage]:
+    """Re-open each row that is still as read and whose occurrence is still ENQUEUED.
+
+    Returns the rows this call re-opened (another beat's pass, a claim or a re-send since
+    the scan leaves a row alone).
+    """
+    reopened = []
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    for message in lost:
+        with transaction.atomic():
+            still = Occurrence.objects.filter(pk=message.occurrence_id, state=S.ENQUEUED.value)
+            if skip_locked:  # a worker claiming it right now holds the lock: leave it be
+                still = still.select_for_update(skip_locked=True)
+            if not list(still.values_list("pk", flat=True)):
+                continue
+            # The condition sits on the updated row itself, so a concurrent re-open (or a
+            # re-send) that committed first makes this one match nothing.
+            n = OutboxEntry.objects.filter(pk=message.outbox_id, sent_at=message.sent_at).update(
+                sent_at=None, available_at=now, claimed_by="", claim_expires_at=None
+            )
+        if n == 1:
+            reopened.append(message)
+    return reopened
+
+
+def redeliver_lost(
+    *, clock: Clock | None = None, limit: int | None = None, timeout: timedelta | None = None
+) -> int:
+    """One pass: re-open up to ``limit`` lost messages for the relay; returns how many.
+
+    ``timeout`` defaults to the ``redelivery_timeout_seconds`` setting (0: do nothing),
+    ``limit`` to ``batch_size``.
+    """
+    timeout = timeout or configured_timeout()
+    if timeout is None:
+        return 0
+    now = (clock or SYSTEM_CLOCK).now()
+    lost = find_lost(now, timeout, limit=limit or conf.get().batch_size)
+    if not lost:
+        return 0
+    reopened = reopen(lost, now)
+    per_tenant = collections.Counter(message.tenant for message in reopened)
+    for tenant, n in per_tenant.items():
+        metrics.inc("redelivered_total", n, tenant=tenant)
+    if reopened:
+        logger.warning(
+            "re-publishing %d occurrence(s) never claimed %ss after their publish (message "
+            "lost by the broker?), same ids: %s%s",
+            len(reopened),
+            int(timeout.total_seconds()),
+            ", ".join(str(m.occurrence_id) for m in reopened[:5]),
+            " ..." if len(reopened) > 5 else "",
+            extra={"event": "redelivered", "count": len(reopened)},
+        )
+    return len(reopened)
