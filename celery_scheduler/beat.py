@@ -108,6 +108,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._next_strand_check = 0.0
         self._synced = False
         self._next_poll = 0.0
+        self._next_redelivery = 0.0
         self._last_relay_poll = 0.0
         self._random = random.Random()
         self._backoff = 0.0
@@ -295,9 +296,16 @@ class DatabaseScheduler(beat.Scheduler):
         Every beat may do this too: each re-open is conditional on the ``sent_at`` it read,
         so two beats cannot both re-publish one occurrence (django_app.redelivery).
         """
-        from django_app.redelivery import redeliver_lost
+        from django_app.redelivery import PASS_INTERVAL_SHARE, configured_timeout, redeliver_lost
 
-        redelivered = redeliver_lost(clock=self.clock, limit=conf_batch_size())
+        timeout = configured_timeout()
+        if timeout is None or self.clock.monotonic() < self._next_redelivery:
+            return
+        # A fraction of the timeout between passes (it only needs to be well inside the
+        # timeout), so a large backlog is not rescanned on every poll of every beat.
+        every = min(max(timeout.total_seconds() * PASS_INTERVAL_SHARE, self.poll_interval), 30.0)
+        self._next_redelivery = self.clock.monotonic() + every
+        redelivered = redeliver_lost(clock=self.clock, limit=conf_batch_size(), timeout=timeout)
         if redelivered:
             logger.info("beat %s: re-queued %d lost message(s)", self.node, redelivered)
 

@@ -41,6 +41,8 @@ from django_app import conf
 from django_app.models import Occurrence, OutboxEntry
 
 logger = logging.getLogger(__name__)
+#: Beat runs the pass every this share of the timeout (at least every poll, at most 30 s).
+PASS_INTERVAL_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
