@@ -497,6 +497,8 @@ def judge(
             for c in s.calls
         )
         poisoned = s.create.get("poison") and is_poisoned(sid_of(rec), rec["scheduled_for"])
+        if s.create.get("overlap_policy", "ALLOW") != "ALLOW":
+            continue  # the overlap policy applies to manual runs too: they may be skipped
         if (
             not later_bump
             and not poisoned
