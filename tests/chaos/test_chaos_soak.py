@@ -15,16 +15,7 @@ import pytest
 
 from tests.acceptance.support import database_url
 
-#: Until these are fixed on main the soak finds them in every run; CHAOS_SOAK=1 runs it anyway.
-KNOWN_HOLES = (
-    "main still breaks issue 9 hole 1 (an update re-runs times already claimed or finished: "
-    "'duplicate'), hole 3 (a message lost by the broker leaves its occurrence ENQUEUED "
-    "forever: 'lost', reconcile 'v1 ENQUEUED') and hole 9 (resume loses times invalidated by "
-    "the pause that were not yet due: 'lost', reconcile ABSENT); CHAOS_SOAK=1 runs it anyway"
-)
-
 pytestmark = [
-    pytest.mark.skipif(not os.environ.get("CHAOS_SOAK"), reason=KNOWN_HOLES),
     pytest.mark.chaos,
     pytest.mark.postgres,
     pytest.mark.redis,
