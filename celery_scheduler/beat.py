@@ -305,7 +305,10 @@ class DatabaseScheduler(beat.Scheduler):
         # timeout), so a large backlog is not rescanned on every poll of every beat.
         every = min(max(timeout.total_seconds() * PASS_INTERVAL_SHARE, self.poll_interval), 30.0)
         self._next_redelivery = self.clock.monotonic() + every
-        redelivered = redeliver_lost(clock=self.clock, limit=conf_batch_size(), timeout=timeout)
+        limit = conf_batch_size()
+        redelivered = redeliver_lost(clock=self.clock, limit=limit, timeout=timeout)
+        if redelivered >= limit:  # a mass loss (a flushed queue): go on at the next poll
+            self._next_redelivery = 0.0
         if redelivered:
             logger.info("beat %s: re-queued %d lost message(s)", self.node, redelivered)
 

@@ -27,12 +27,15 @@ ENQUEUED occurrences scheduled before the cutoff (a publish never precedes its
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import operator
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Q
 
 from celery_scheduler import metrics
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
@@ -61,54 +64,75 @@ def configured_timeout() -> timedelta | None:
     return timedelta(seconds=seconds) if seconds > 0 else None
 
 
-def find_lost(now: datetime, timeout: timedelta, *, limit: int) -> list[LostMessage]:
+def find_lost(
+    now: datetime, timeout: timedelta, *, limit: int, chunk: int = 2000
+) -> list[LostMessage]:
     """Up to ``limit`` ENQUEUED occurrences last published before ``now - timeout``.
 
-    Oldest publish first, so a pass that hits ``limit`` recovers the longest-lost first.
+    Walks the ENQUEUED occurrences scheduled before the cutoff (a publish never precedes
+    its ``scheduled_for``) through the ``(state, scheduled_for)`` index in keyset chunks,
+    oldest first, and looks up their outbox rows by occurrence id: the cost follows the
+    old backlog, never the history (a single join let the planner scan the whole outbox).
     """
     cutoff = now - timeout
-    rows = (
-        OutboxEntry.objects.filter(
-            occurrence__state=S.ENQUEUED.value,
-            # Implied by the next condition (sent_at >= available_at >= scheduled_for);
-            # stated so the scan uses the occurrence (state, scheduled_for) index.
-            occurrence__scheduled_for__lt=cutoff,
-            sent_at__lt=cutoff,
-        )
-        .order_by("sent_at")
-        .values_list("id", "occurrence_id", "sent_at", "tenant__slug")[:limit]
-    )
-    # sent_at is never NULL here (filtered on), which the row type does not know.
-    return [
-        LostMessage(pk, occ, sent_at, tenant)
-        for pk, occ, sent_at, tenant in rows
-        if sent_at is not None
-    ]
+    found: list[LostMessage] = []
+    after: tuple[datetime, uuid.UUID] | None = None
+    while len(found) < limit:
+        page = Occurrence.objects.filter(state=S.ENQUEUED.value, scheduled_for__lt=cutoff)
+        if after is not None:
+            page = page.filter(
+                Q(scheduled_for__gt=after[0]) | Q(scheduled_for=after[0], pk__gt=after[1])
+            )
+        keys = list(page.order_by("scheduled_for", "pk").values_list("scheduled_for", "pk")[:chunk])
+        if not keys:
+            break
+        after = keys[-1]
+        rows = OutboxEntry.objects.filter(
+            occurrence_id__in=[pk for _, pk in keys], sent_at__lt=cutoff
+        ).values_list("id", "occurrence_id", "sent_at", "tenant__slug")
+        # sent_at is never NULL here (filtered on), which the row type does not know.
+        found += [
+            LostMessage(pk, occ, sent_at, tenant)
+            for pk, occ, sent_at, tenant in rows
+            if sent_at is not None
+        ]
+        if len(keys) < chunk:
+            break
+    found.sort(key=lambda message: message.sent_at)  # the longest-lost first
+    return found[:limit]
 
 
 def reopen(lost: list[LostMessage], now: datetime) -> list[LostMessage]:
     """Re-open each row that is still as read and whose occurrence is still ENQUEUED.
 
-    Returns the rows this call re-opened (another beat's pass, a claim or a re-send since
-    the scan leaves a row alone).
+    One transaction for the batch. Returns the rows this call re-opened (another beat's
+    pass, a claim or a re-send since the scan leaves a row alone).
     """
-    reopened = []
+    if not lost:
+        return []
     skip_locked = connection.features.has_select_for_update_skip_locked
-    for message in lost:
-        with transaction.atomic():
-            still = Occurrence.objects.filter(pk=message.occurrence_id, state=S.ENQUEUED.value)
-            if skip_locked:  # a worker claiming it right now holds the lock: leave it be
-                still = still.select_for_update(skip_locked=True)
-            if not list(still.values_list("pk", flat=True)):
-                continue
-            # The condition sits on the updated row itself, so a concurrent re-open (or a
-            # re-send) that committed first makes this one match nothing.
-            n = OutboxEntry.objects.filter(pk=message.outbox_id, sent_at=message.sent_at).update(
-                sent_at=None, available_at=now, claimed_by="", claim_expires_at=None
-            )
-        if n == 1:
-            reopened.append(message)
-    return reopened
+    with transaction.atomic():
+        still = Occurrence.objects.filter(
+            pk__in=[m.occurrence_id for m in lost], state=S.ENQUEUED.value
+        )
+        if skip_locked:  # a worker claiming one right now holds its lock: leave it be
+            still = still.select_for_update(skip_locked=True)
+        live = set(still.values_list("pk", flat=True))
+        candidates = [m for m in lost if m.occurrence_id in live]
+        if not candidates:
+            return []
+        # Each row only as it was read: the condition is on the locked row itself, so a
+        # concurrent re-open (or a re-send) that committed first makes it match nothing.
+        as_read = functools.reduce(
+            operator.or_, (Q(pk=m.outbox_id, sent_at=m.sent_at) for m in candidates)
+        )
+        mine = set(
+            OutboxEntry.objects.select_for_update().filter(as_read).values_list("pk", flat=True)
+        )
+        OutboxEntry.objects.filter(pk__in=mine).update(
+            sent_at=None, available_at=now, claimed_by="", claim_expires_at=None
+        )
+    return [m for m in candidates if m.outbox_id in mine]
 
 
 def redeliver_lost(
