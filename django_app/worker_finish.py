@@ -280,7 +280,11 @@ def replay_occurrence(occurrence_id: uuid.UUID | str, *, clock: Clock | None = N
         if owner is None:
             raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}")
         schedule = Schedule.objects.select_for_update().get(pk=owner)
-        occ = Occurrence.objects.select_for_update().get(pk=occ_id)
+        # Retention may have pruned it between the read above and this lock.
+        found = Occurrence.objects.select_for_update().filter(pk=occ_id).first()
+        if found is None:
+            raise errors.OccurrenceNotFound(f"No occurrence with id {occurrence_id!s}")
+        occ = found
         if occ.state == S.DEAD:
             _refuse_unrunnable(occ, schedule)
         n = Occurrence.objects.filter(pk=occ_id, state=S.DEAD).update(
