@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 
 from celery_scheduler import errors
 from celery_scheduler.core.enums import OccurrenceState
@@ -56,14 +56,63 @@ def run_once(
     task_id = (current_task.request.id if current_task else None) or ""
     # tenant_id=None becomes "tenant IS NULL" in the lookups below.
     namespace = {"tenant_id": tenant_id, "task_name": task_name, "key": key}
+    # Only a transaction of our own can be retried (the caller's would be lost with it).
+    tries = 1 if transaction.get_connection().in_atomic_block else _KEY_DEADLOCK_TRIES
+    for attempt in range(1, tries + 1):
+        try:
+            return _run_once(namespace, task_id, occurrence_id, body, tenant_id)
+        except _KeyDeadlock as exc:
+            if attempt == tries:
+                raise exc.error from None
+            logger.info("idempotent task %s: key %s deadlocked, retrying", task_name, key)
+    raise AssertionError("unreachable")
+
+
+#: MySQL/MariaDB: duplicate inserters of one key wait for the first one's lock on the index
+#: record, and InnoDB may answer some of them with a deadlock (1213) instead of the duplicate
+#: key error once it commits. The whole transaction is rolled back then, before the body ran:
+#: running it again finds the key and returns the stored result.
+_KEY_DEADLOCK_TRIES = 5
+
+
+class _KeyDeadlock(Exception):
+    """The key's insert or read was chosen as a deadlock victim (the body did not run)."""
+
+    def __init__(self, error: OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    code = exc.args[0] if exc.args else None
+    return code == 1213 or getattr(getattr(exc, "__cause__", None), "sqlstate", None) == "40P01"
+
+
+def _run_once(
+    namespace: dict[str, Any],
+    task_id: str,
+    occurrence_id: str | None,
+    body: Callable[[], Any],
+    tenant_id: int | None,
+) -> Any:
+    task_name, key = namespace["task_name"], namespace["key"]
     with transaction.atomic():
         try:
-            with transaction.atomic():
-                IdempotencyRecord.objects.create(
-                    **namespace, occurrence_id=occurrence_id, task_id=str(task_id)
-                )
-        except IntegrityError:
-            stored = IdempotencyRecord.objects.values_list("result", flat=True).get(**namespace)
+            try:
+                with transaction.atomic():
+                    IdempotencyRecord.objects.create(
+                        **namespace, occurrence_id=occurrence_id, task_id=str(task_id)
+                    )
+            except IntegrityError:
+                stored = IdempotencyRecord.objects.values_list("result", flat=True).get(**namespace)
+                found = True
+            else:
+                found = False
+        except OperationalError as exc:
+            if _is_deadlock(exc):
+                raise _KeyDeadlock(exc) from exc
+            raise
+        if found:
             logger.info(
                 "idempotent task %s: key %s already done (tenant %s), returning the stored result",
                 task_name,

@@ -448,7 +448,8 @@ def _insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
     """Insert rows, skipping any that hit a unique constraint; return the pks inserted.
 
     One statement per chunk: ``INSERT ... ON CONFLICT DO NOTHING RETURNING pk`` (PostgreSQL,
-    and SQLite >= 3.35). A conflict never raises, so it cannot abort the transaction.
+    and SQLite >= 3.35). A conflict never raises, so it cannot abort the transaction. MySQL
+    and MariaDB: see :func:`_insert_ignore_mysql`.
     """
     if not rows:
         return set()
@@ -458,6 +459,8 @@ def _insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
     assert pk is not None
     quote = connection.ops.quote_name
     names = ", ".join(quote(str(f.column)) for f in columns)
+    if connection.vendor == "mysql":
+        return _insert_ignore_mysql(meta.db_table, names, columns, pk, rows)
     created: set[Any] = set()
     for start in range(0, len(rows), _INSERT_CHUNK):
         chunk = rows[start : start + _INSERT_CHUNK]
@@ -473,6 +476,29 @@ def _insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
         with connection.cursor() as cur:
             cur.execute(sql, params)
             created.update(pk.to_python(value) for (value,) in cur.fetchall())
+    return created
+
+
+def _insert_ignore_mysql(
+    table: str, names: str, columns: list[Any], pk: Any, rows: list[dict[str, Any]]
+) -> set[Any]:
+    """MySQL 8 / MariaDB: ``INSERT IGNORE`` one row at a time; a row count of 1 means created.
+
+    MySQL has no ``RETURNING``, and a multi-row ``INSERT IGNORE`` only says how many rows
+    went in, not which. Like ``ON CONFLICT``, a duplicate key waits for the other inserter's
+    transaction and is then skipped without an error. (Django's ``ignore_conflicts`` is the
+    same ``INSERT IGNORE``.) A row per statement is the price of the portable path; the
+    per-schedule materializer writes a handful of rows per schedule and pass.
+    """
+    quote = connection.ops.quote_name
+    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    sql = f"INSERT IGNORE INTO {quote(table)} ({names}) VALUES {one}"
+    created: set[Any] = set()
+    with connection.cursor() as cur:
+        for row in rows:
+            cur.execute(sql, [_db_value(field, row) for field in columns])
+            if cur.rowcount == 1:
+                created.add(row[pk.attname])
     return created
 
 

@@ -280,8 +280,10 @@ def iter_reconcile(
         rows = occurrence_window(chunk, start, end).iterator(chunk_size=FETCH_SIZE)
         groups = groupby(counter.through(rows), key=lambda r: r[1])
         group = next(groups, None)
-        # Both sides are in uuid order: the database and Python agree on it.
-        for sid in sorted(chunk):
+        # Both sides in the database's uuid order: ``chunk`` comes ordered by id from the
+        # database. (Not Python's order: MariaDB 10.7+ stores a native UUID type that sorts
+        # by its time-like groups, not by the hex text.)
+        for sid in chunk:
             mine: Iterable[_Row] = ()
             if group is not None and group[0] == sid:
                 mine, group = group[1], None

@@ -85,6 +85,12 @@ def _skip_locked() -> bool:
     return bool(connection.features.has_select_for_update_skip_locked)
 
 
+def _of_self() -> tuple[str, ...]:
+    """``FOR UPDATE OF`` the outbox only, where the database has ``OF`` (not MariaDB, whose
+    ``FOR UPDATE`` locks the rows of every table the statement reads: here only the outbox)."""
+    return ("self",) if connection.features.has_select_for_update_of else ()
+
+
 def _claim_free(now: datetime, token: str) -> Q:
     """Rows nobody else holds: unclaimed, claimed by ``token``, or whose claim expired.
 
@@ -363,7 +369,7 @@ class LookaheadRelay:
                 _claim_free(now, self.token)
             )
             if _skip_locked():
-                rows_qs = rows_qs.select_for_update(skip_locked=True, of=("self",))
+                rows_qs = rows_qs.select_for_update(skip_locked=True, of=_of_self())
             else:
                 # Takes SQLite's write lock before reading, like the polling path does.
                 rows_qs.update(claimed_by=self.token)

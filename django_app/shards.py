@@ -235,7 +235,10 @@ class ShardLeaser:
         BeatNode.objects.bulk_create(
             [BeatNode(name=self.node, last_seen=now)],
             update_conflicts=True,
-            unique_fields=["name"],
+            # MySQL/MariaDB upsert on any unique key (ON DUPLICATE KEY) and take no target.
+            unique_fields=(
+                ["name"] if connection.features.supports_update_conflicts_with_target else None
+            ),
             update_fields=["last_seen"],
         )
         BeatNode.objects.filter(last_seen__lt=now - _PRUNE_AFTER_LEASES * self.lease).delete()

@@ -59,7 +59,7 @@ WHERE o.sent_at IS NULL AND o.available_at <= %s
   AND (o.claimed_by = '' OR o.claimed_by = %s OR o.claim_expires_at IS NULL
        OR o.claim_expires_at < %s)
 ORDER BY r.fair, r.available_at, r.priority DESC, r.id
-LIMIT %s FOR UPDATE OF o SKIP LOCKED
+LIMIT %s FOR UPDATE{of} SKIP LOCKED
 """
 
 
@@ -97,7 +97,12 @@ def take_fair_batch(
     pool = ranked[: size * POOL_FACTOR]
     sql, params = pool.query.sql_with_params()
     with connection.cursor() as cursor:
-        cursor.execute(_OUTER_LOCK_SQL.format(ranked=sql), (*params, until, token, now, size))
+        # MariaDB has no ``FOR UPDATE OF``; its locking read locks the outer query's tables
+        # only (here the outbox), not those the ranked sub-select reads.
+        of = " OF o" if connection.features.has_select_for_update_of else ""
+        cursor.execute(
+            _OUTER_LOCK_SQL.format(ranked=sql, of=of), (*params, until, token, now, size)
+        )
         return [row[0] for row in cursor.fetchall()]
 
 

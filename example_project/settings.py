@@ -74,6 +74,21 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(DATA_DIR / "test_db.sqlite3")
 
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    # MySQL 8 / MariaDB 10.6+. utf8mb4 for any text; the test database gets a binary
+    # (case-sensitive) collation like the one the README asks production databases to use: under
+    # the servers' default *_ci collations "Key" and "key" would collide in the unique indexes
+    # on idempotency keys. Django's MySQL backend already sets READ COMMITTED (the claims'
+    # conditional UPDATEs rely on it) and stores UTC datetimes as DATETIME(6).
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+    DATABASES["default"].setdefault("TEST", {}).update(
+        {
+            "NAME": f"{DATABASES['default']['NAME']}_test",
+            "CHARSET": "utf8mb4",
+            "COLLATION": "utf8mb4_bin",
+        }
+    )
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

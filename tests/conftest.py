@@ -1,7 +1,9 @@
 """Shared fixtures: database selection, service checks and factories.
 
-The database comes from ``DATABASE_URL`` (default: SQLite). Tests marked ``postgres`` prove
-concurrency claims and skip elsewhere. A service that does not answer skips its tests
+The database comes from ``DATABASE_URL`` (default: SQLite). Tests marked ``concurrent_db``
+prove concurrency claims with real concurrent connections or processes: they run on PostgreSQL
+and on MySQL/MariaDB and skip on SQLite. Tests marked ``postgres`` cover a PostgreSQL-only fast
+path (or a PostgreSQL-only tool) and skip elsewhere. A service that does not answer skips its tests
 locally but fails them in CI (``CI=true``), so a green CI cannot hide a missing service.
 """
 
@@ -42,12 +44,34 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+def is_mysql() -> bool:
+    """MySQL 8 or MariaDB 10.6+ (Django's ``mysql`` backend serves both)."""
+    from django.db import connection
+
+    return connection.vendor == "mysql"
+
+
+def database_family() -> str:
+    """``postgresql``, ``mysql`` or ``sqlite``, from ``DATABASE_URL`` (before Django is set up)."""
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith(("postgres", "postgresql", "pgsql")):
+        return "postgresql"
+    if url.startswith(("mysql", "mariadb")):
+        return "mysql"
+    return "sqlite"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_postgres = os.environ.get("DATABASE_URL", "").startswith(("postgres", "postgresql"))
+    family = database_family()
     skip_pg = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    skip_concurrent = pytest.mark.skip(
+        reason="needs a concurrent database: PostgreSQL or MySQL/MariaDB (set DATABASE_URL)"
+    )
     for item in items:
-        if "postgres" in item.keywords and not on_postgres:
+        if "postgres" in item.keywords and family != "postgresql":
             item.add_marker(skip_pg)
+        elif "concurrent_db" in item.keywords and family == "sqlite":
+            item.add_marker(skip_concurrent)
 
 
 #: Written into the test Redis db after each flush: a db without it that holds keys is not

@@ -27,12 +27,15 @@ def database_url() -> str:
     from django.db import connection
 
     params = connection.settings_dict
-    if connection.vendor != "postgresql":
-        raise RuntimeError("acceptance tests with subprocesses need PostgreSQL")
-    user = params.get("USER") or "postgres"
     host = params.get("HOST") or "127.0.0.1"
-    port = params.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{params['NAME']}"
+    password = f":{params['PASSWORD']}" if params.get("PASSWORD") else ""
+    if connection.vendor == "postgresql":
+        user = params.get("USER") or "postgres"
+        return f"postgres://{user}{password}@{host}:{params.get('PORT') or 5432}/{params['NAME']}"
+    if connection.vendor == "mysql":
+        user = params.get("USER") or "root"
+        return f"mysql://{user}{password}@{host}:{params.get('PORT') or 3306}/{params['NAME']}"
+    raise RuntimeError("acceptance tests with subprocesses need PostgreSQL or MySQL/MariaDB")
 
 
 def process_env(broker_url: str, **extra: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ from django_app.reconcile import reconcile
 from . import support
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.acceptance,
     pytest.mark.django_db(transaction=True),

@@ -26,7 +26,7 @@ from tests.integration.worker_support import make_occurrence, make_schedule, mes
 
 pytestmark = [
     pytest.mark.acceptance,
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
 ]

@@ -27,6 +27,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app import conf, lifecycle
 from django_app.models import Occurrence, OutboxEntry, Schedule
+from tests.acceptance.support import database_url
 from tests.integration.test_relay_publisher import read_queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,9 +37,14 @@ BEATS = 3
 #: materializer (the default on PostgreSQL) writes the 2,000 rows in well under a second, and
 #: the burst relay claims and prepares them before they are due.
 DUE_IN = 8
+#: MySQL/MariaDB have the portable paths only: the per-schedule materializer writes one
+#: transaction per schedule (about 70 schedules/s per beat here, see bench/README.md), so the
+#: 2,000 schedules are created further ahead, inside the 60 s horizon, and are written before
+#: they are due. The relay's lag SLO is asserted the same.
+DUE_IN_PORTABLE = 45
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.acceptance,
     pytest.mark.django_db(transaction=True),
@@ -55,11 +61,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def live_database_url() -> str:
-    params = connection.settings_dict
-    return (
-        f"postgres://{params.get('USER') or 'postgres'}@{params.get('HOST') or '127.0.0.1'}:"
-        f"{params.get('PORT') or 5432}/{params['NAME']}"
-    )
+    return database_url()
 
 
 @pytest.fixture
@@ -127,14 +129,15 @@ def test_three_beats_deliver_every_occurrence_once_with_its_id(
         60,
         "the beats to start",
     )
-    schedules = bulk_schedules(SCHEDULES, run_at_seconds=DUE_IN)
+    due_in = DUE_IN if connection.vendor == "postgresql" else DUE_IN_PORTABLE
+    schedules = bulk_schedules(SCHEDULES, run_at_seconds=due_in)
 
     def all_enqueued() -> bool:
         for proc, log in beats:
             assert proc.poll() is None, f"a beat died:\n{log.read_text()[-3000:]}"
         return Occurrence.objects.filter(state="ENQUEUED").count() >= SCHEDULES
 
-    wait_for(all_enqueued, 60, f"{SCHEDULES} occurrences to be ENQUEUED")
+    wait_for(all_enqueued, due_in + 52, f"{SCHEDULES} occurrences to be ENQUEUED")
     time.sleep(2)  # let any late duplicate publish land before reading the broker
 
     # No occurrence materialized twice, and exactly one per schedule.

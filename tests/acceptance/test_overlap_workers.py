@@ -19,11 +19,12 @@ from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import OverlapPolicy
 from django_app.models import Attempt, Occurrence
 from tests.acceptance.worker_harness import pumping, wait_until, workers
+from tests.conftest import database_family
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 pytestmark = [
     pytest.mark.acceptance,
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
 ]
@@ -34,8 +35,8 @@ FINAL = {S.SUCCEEDED, S.SKIPPED_OVERLAP}
 def overlap_broker(
     django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
-        pytest.skip("needs PostgreSQL")
+    if database_family() == "sqlite":
+        pytest.skip("needs a concurrent database: PostgreSQL or MySQL/MariaDB")
     broker = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     with workers(broker, tmp_path_factory.mktemp("overlap"), ["o1", "o2"]):
         yield broker

@@ -169,7 +169,7 @@ def create_interval_schedule(tenant: Any, name: str, start_at: datetime) -> Any:
 
 
 @pytest.mark.acceptance
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_a_node_paused_past_its_lease_is_fenced_and_nothing_is_lost_or_doubled(
     settings: Any, tmp_path: Path

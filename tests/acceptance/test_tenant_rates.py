@@ -34,7 +34,7 @@ from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from tests.acceptance import support
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.acceptance,
     pytest.mark.django_db(transaction=True),

@@ -108,7 +108,7 @@ def test_outside_the_scheduler_the_default_namespace_is_used(
     assert Invoice.objects.filter(customer="42", period="2026-03").count() == 2
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_runs_dedupe_per_namespace_on_postgres(
     tenant_factory: Any, frozen_clock: FrozenClock

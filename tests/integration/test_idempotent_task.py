@@ -133,7 +133,7 @@ def test_package_import_does_not_import_django_or_celery() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_fifty_concurrent_duplicate_deliveries_make_exactly_one_effect() -> None:
     deliveries = 50

@@ -22,7 +22,7 @@ from celery_scheduler.core.states import UNCLAIMED
 from django_app.materializer import materialize_due
 from django_app.models import Occurrence, Schedule
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 

@@ -23,6 +23,7 @@ from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.reconcile import reconcile
+from tests.acceptance.support import database_url as acceptance_database_url
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -46,8 +47,7 @@ def database_url() -> str:
     params = connection.settings_dict
     if connection.vendor == "sqlite":
         return f"sqlite:///{params['NAME']}"
-    user, host, port = params.get("USER") or "postgres", params["HOST"], params["PORT"] or 5432
-    return f"postgres://{user}@{host or '127.0.0.1'}:{port}/{params['NAME']}"
+    return acceptance_database_url()
 
 
 def run_child(

@@ -21,7 +21,7 @@ from django_app.materializer import MaterializeReport, materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from tests.integration.test_materializer import MINUTE, NOW, make_schedule, per_schedule_path
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 
 
 def run_nodes(count: int, work: Callable[[], MaterializeReport]) -> list[MaterializeReport]:

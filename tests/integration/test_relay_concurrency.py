@@ -91,7 +91,7 @@ class SlowPublisher(RecordingPublisher):
             self.accepted_at[m.schedule_id] = time.monotonic()
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.parametrize("verb", ["cancel", "update"])
 def test_cancel_or_update_racing_a_publish_commits_only_after_it(verb: str) -> None:
     schedules = due_schedules(5)

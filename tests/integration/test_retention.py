@@ -182,7 +182,7 @@ def test_deletes_in_batches_of_the_given_size(schedule: Schedule) -> None:
     occurrence_table = Occurrence._meta.db_table
     deletes = [
         q["sql"] for q in queries.captured_queries
-        if q["sql"].startswith(f'DELETE FROM "{occurrence_table}"')
+        if q["sql"].startswith(f"DELETE FROM {connection.ops.quote_name(occurrence_table)}")
     ]  # fmt: skip
     assert len(deletes) == 3
 

@@ -20,7 +20,7 @@ from django_app.worker_finish import replay_occurrence
 from tests.integration.test_retention import add
 from tests.integration.worker_support import make_schedule
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 MONTH = timedelta(days=30)
 
 

@@ -17,7 +17,7 @@ from django_app import shards
 from django_app.models import ShardLease
 from django_app.shards import ShardLeaser
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 
 N = 64
 LEASE = 30

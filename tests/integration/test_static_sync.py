@@ -104,7 +104,7 @@ def test_changes_update_once_removed_entries_are_reported_canceled_stay_canceled
     assert Schedule.objects.get(idempotency_key="beat:a").state == "ACTIVE"
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_beats_syncing_at_once_create_and_update_each_schedule_once() -> None:
     def sync_all(config: dict[str, dict[str, Any]]) -> list[BaseException]:

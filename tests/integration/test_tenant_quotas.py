@@ -120,7 +120,7 @@ def test_other_tenants_and_unlimited_tenants_are_not_counted(frozen_clock: Froze
     assert _claim(occ, frozen_clock, "w").outcome is ClaimOutcome.CLAIMED
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_racing_claims_start_exactly_max_running(frozen_clock: FrozenClock) -> None:
     from tests.integration.test_worker_races import race

@@ -89,7 +89,7 @@ def test_schedule_idempotency_keys_are_per_tenant(
     assert {s.tenant.slug for s in made} == {"acme", "globex"}
 
 
-@pytest.mark.postgres
+@pytest.mark.concurrent_db
 @pytest.mark.django_db(transaction=True)
 def test_claim_race_two_tenants_same_group_name_each_gets_its_own_slot(
     tenant_factory: Any, frozen_clock: FrozenClock

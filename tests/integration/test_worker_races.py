@@ -17,7 +17,7 @@ from django_app import worker
 from django_app.worker import ClaimOutcome
 from tests.integration.worker_support import make_occurrence, make_schedule
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 
 
 def race(calls: list[Callable[[], Any]]) -> list[Any]:
