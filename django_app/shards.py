@@ -226,9 +226,14 @@ class ShardLeaser:
         return dict(self._held)
 
     def _ensure_rows(self) -> None:
-        ShardLease.objects.bulk_create(
-            [ShardLease(shard=s) for s in range(self.shard_count)], ignore_conflicts=True
-        )
+        # Insert only the missing rows: on MySQL/MariaDB an INSERT IGNORE that meets an
+        # existing key waits for that row's lock, i.e. for a writer's fencing check to commit.
+        existing = set(ShardLease.objects.values_list("shard", flat=True))
+        missing = [s for s in range(self.shard_count) if s not in existing]
+        if missing:
+            ShardLease.objects.bulk_create(
+                [ShardLease(shard=s) for s in missing], ignore_conflicts=True
+            )
         self._rows_ready = True
 
     def _heartbeat(self, now: datetime) -> set[str]:

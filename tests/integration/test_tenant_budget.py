@@ -158,7 +158,7 @@ def test_a_rolled_back_batch_takes_no_tokens() -> None:
         assert budget.take_trigger({rated.id: 9}, {rated.id: 4}, NOW) == {rated.id: 4}
 
 
-@pytest.mark.concurrent_db
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_wave_takes_the_tenants_tokens_and_leaves_the_rest() -> None:
     from django_app.burst import BurstRelay
