@@ -23,6 +23,19 @@ from django_app import conf
 MAX_INTERVAL = timemath.MAX_INTERVAL
 #: Deepest nesting of args/kwargs (PostgreSQL's jsonb and json.dumps both have limits).
 MAX_JSON_DEPTH = 100
+#: MariaDB's JSON columns are checked with JSON_VALID, which refuses 32 or more nested levels.
+MAX_JSON_DEPTH_MARIADB = 30
+
+
+def max_json_depth() -> int:
+    """The deepest args/kwargs nesting the configured database stores."""
+    from django.db import connection
+
+    if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+        return MAX_JSON_DEPTH_MARIADB
+    return MAX_JSON_DEPTH
+
+
 MAX_CONCURRENCY_LIMIT = 100_000
 MAX_ATTEMPTS_LIMIT = 1_000
 
@@ -366,12 +379,13 @@ def _check_json(value: Any, name: str) -> None:
     ``json.dumps`` recurses: a deeply nested list raised RecursionError (and a cycle loops
     until it does), so depth is checked first, iteratively.
     """
+    limit = max_json_depth()
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
+        if depth > limit:
             raise errors.InvalidArguments(
-                f"{name} is nested more than {MAX_JSON_DEPTH} levels deep", field=name
+                f"{name} is nested more than {limit} levels deep", field=name
             )
         if isinstance(item, str):
             _storable(item, name, errors.InvalidArguments, f"a string in {name}")
