@@ -3,7 +3,7 @@
 The models declare some as *conditional* (partial) constraints and indexes. MySQL and MariaDB
 have no partial indexes: Django silently creates no conditional unique constraint there (system
 check W036), which would let two default-namespace idempotency records share a key, and creates
-conditional plain indexes without their condition. Migration 0008 adds the portable unique keys
+conditional plain indexes without their condition. Migration 0010 adds the portable unique keys
 on MySQL/MariaDB; these tests hold on every backend.
 """
 

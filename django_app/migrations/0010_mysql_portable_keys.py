@@ -46,7 +46,7 @@ def _run(statements: list[str]) -> Any:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_app", "0007_audit_entry")]
+    dependencies = [("django_app", "0009_api_tokens")]
 
     # atomic=False: MySQL cannot run DDL inside a transaction (it commits implicitly).
     operations = [
