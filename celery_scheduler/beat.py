@@ -55,6 +55,10 @@ BACKOFF_START = 0.5
 STRAND_CHECK_INTERVAL = 60.0
 
 
+#: Seconds between two progress stamps of the loop (BeatNode.progress_at).
+PROGRESS_STAMP_INTERVAL = 1.0
+
+
 def ensure_django() -> None:
     """Set Django up if the process has not (``celery beat`` does not)."""
     from django.apps import apps
@@ -106,6 +110,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._leaser: ShardLeaser | None = None
         self._next_lease_refresh = 0.0
         self._next_strand_check = 0.0
+        self._next_progress_stamp = 0.0
         self._synced = False
         self._next_poll = 0.0
         self._next_redelivery = 0.0
@@ -140,7 +145,24 @@ class DatabaseScheduler(beat.Scheduler):
         finally:
             self._busy = False
         self._backoff = 0.0
+        self._stamp_progress()
         return self._sleep_time()
+
+    def _stamp_progress(self) -> None:
+        """Record that the loop finished a step (``scheduler_status --liveness`` reads it).
+
+        At most once per second: one small UPDATE, not one per tick. A failure is not the
+        loop's failure: the probe then sees no progress, which is the truth it reports.
+        """
+        if self.clock.monotonic() < self._next_progress_stamp:
+            return
+        self._next_progress_stamp = self.clock.monotonic() + PROGRESS_STAMP_INTERVAL
+        from django_app.models import BeatNode
+
+        try:
+            BeatNode.objects.filter(name=self.node).update(progress_at=self.clock.now())
+        except Exception:  # reported by the probe, never fatal to the loop
+            logger.debug("beat %s: progress stamp failed", self.node, exc_info=True)
 
     def sync(self) -> None:
         """Nothing to persist: every state change was committed when it happened."""

@@ -452,6 +452,9 @@ class BeatNode(models.Model):
 
     name = models.CharField(max_length=200, primary_key=True)
     last_seen = models.DateTimeField()
+    #: When the beat loop last finished a step (the liveness probe's signal). ``last_seen``
+    #: is also renewed by the lease keeper thread, so it can advance while the loop is stuck.
+    progress_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} (seen {self.last_seen.isoformat()})"

@@ -1,0 +1,112 @@
+"""Issue 14, item 1: ``scheduler_status`` and its Kubernetes probes on real beats.
+
+Two real beats on PostgreSQL + Redis. Healthy: both nodes hold shards, no shard is unowned,
+and ``--liveness`` / ``--readiness`` exit 0 for each node. One beat SIGSTOPped: its liveness
+and (once its leases lapse) its readiness exit 1, while the other node's stay 0 and it takes
+every shard over.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_app.models import BeatNode, ShardLease
+from tests.acceptance import support
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.acceptance,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(300),
+]
+
+SHARDS = 8
+LEASE = 6
+#: Liveness bound for the probes here (the loop stamps progress about every second).
+MAX_AGE = "4"
+
+
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "scheduler_status", *args],
+        cwd=support.ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def probes(env: dict[str, str], node: str) -> tuple[int, int]:
+    live = manage(env, "--liveness", "--node", node, "--max-age", MAX_AGE)
+    ready = manage(env, "--readiness", "--node", node, "--timeout", "3")
+    print(f"$ scheduler_status --liveness --node {node}  -> exit {live.returncode}")
+    print(live.stdout, end="")
+    print(f"$ scheduler_status --readiness --node {node}  -> exit {ready.returncode}")
+    print(ready.stdout, end="")
+    return live.returncode, ready.returncode
+
+
+def node_of(process: subprocess.Popen[bytes]) -> str:
+    return BeatNode.objects.get(name__endswith=f":{process.pid}").name
+
+
+def shards_of(node: str) -> int:
+    return ShardLease.objects.filter(owner=node).count()
+
+
+def test_status_and_probes_of_a_healthy_and_a_stopped_beat(
+    redis_url: str, tmp_path: Path, settings: Any
+) -> None:
+    settings.CELERY_SCHEDULER = {"shard_count": SHARDS, "lease_seconds": LEASE}
+    env = support.process_env(
+        redis_url, CELERY_SCHEDULER_SHARDS=str(SHARDS), CELERY_SCHEDULER_LEASE_SECONDS=str(LEASE)
+    )
+    beats = [support.start_beat(env, tmp_path / f"beat{n}.log") for n in range(2)]
+    with support.running(*beats):
+        support.wait_until(
+            lambda: BeatNode.objects.filter(progress_at__isnull=False).count() == 2,
+            timeout=90,
+            what="both beats to make progress",
+        )
+        first, second = (node_of(b) for b in beats)
+        support.wait_until(
+            lambda: (
+                shards_of(first) + shards_of(second) == SHARDS
+                and shards_of(first) > 0
+                and shards_of(second) > 0
+            ),
+            timeout=60,
+            what="the shards to be shared",
+        )
+        healthy = manage(env)
+        print("$ scheduler_status   (healthy)\n" + healthy.stdout)
+        assert healthy.returncode == 0, healthy.stderr
+        report = json.loads(manage(env, "--json").stdout)
+        assert {n["name"] for n in report["nodes"] if n["alive"]} == {first, second}
+        assert report["unowned_shards"] == []
+        assert sum(len(n["shards"]) for n in report["nodes"]) == SHARDS
+        assert probes(env, first) == (0, 0)
+        assert probes(env, second) == (0, 0)
+
+        beats[1].send_signal(signal.SIGSTOP)
+        try:
+            # The stopped node's leases lapse and the live one takes every shard.
+            support.wait_until(
+                lambda: shards_of(first) == SHARDS, timeout=LEASE * 6, what="the takeover"
+            )
+            stopped = manage(env)
+            print("$ scheduler_status   (second beat SIGSTOPped)\n" + stopped.stdout)
+            report = json.loads(manage(env, "--json").stdout)
+            assert report["unowned_shards"] == []
+            by_name = {n["name"]: n for n in report["nodes"]}
+            assert len(by_name[first]["shards"]) == SHARDS
+            assert by_name[second]["shards"] == []
+            assert probes(env, first) == (0, 0)
+            assert probes(env, second) == (1, 1)
+        finally:
+            beats[1].send_signal(signal.SIGCONT)
