@@ -30,6 +30,7 @@ import random
 import socket
 import threading
 from datetime import timedelta
+from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from celery import beat
@@ -111,6 +112,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._next_lease_refresh = 0.0
         self._next_strand_check = 0.0
         self._next_progress_stamp = 0.0
+        self._metrics_server: ThreadingHTTPServer | None = None
         self._synced = False
         self._next_poll = 0.0
         self._next_redelivery = 0.0
@@ -127,6 +129,10 @@ class DatabaseScheduler(beat.Scheduler):
         from django_app import database_checks
 
         database_checks.require_safe_database()  # refuses to start (UnsafeDatabase)
+        if self._metrics_server is None:
+            from django_app import metrics_server
+
+            self._metrics_server = metrics_server.start_for_beat(self.node)
         self._busy = True
         try:
             self._sync_static()
@@ -183,6 +189,10 @@ class DatabaseScheduler(beat.Scheduler):
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop(min(1.0, self.stop_timeout))
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         leaser, self._leaser = self._leaser, None
         relay, self._relay = self._relay, None
         if leaser is None and relay is None:
@@ -409,9 +419,23 @@ class DatabaseScheduler(beat.Scheduler):
             after = set(self._leaser.refresh())
             if after != before:
                 logger.info("beat %s: holds %d shard(s)", self.node, len(after))
+            self._export_shard_gauges(len(after), self._leaser.shard_count)
             interval = min(self.poll_interval, self._leaser.refresh_interval)
             self._next_lease_refresh = self.clock.monotonic() + interval
         return self._leaser.held
+
+    def _export_shard_gauges(self, held: int, shard_count: int) -> None:
+        """Shards this node holds and shards no live lease covers (the alert's signal)."""
+        from celery_scheduler import metrics
+        from django_app.models import ShardLease
+
+        owned = (
+            ShardLease.objects.filter(shard__lt=shard_count, expires_at__gt=self.clock.now())
+            .exclude(owner="")
+            .count()
+        )
+        metrics.set_gauge("shards_held", held)
+        metrics.set_gauge("shards_unowned", max(0, shard_count - owned))
 
     def _warn_stranded(self, shard_count: int) -> None:
         """Rows stranded while running (another process with a larger ``shard_count`` created

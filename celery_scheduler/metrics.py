@@ -59,7 +59,9 @@ CounterName = Literal[
     "schedules_parked_total",
     "redelivered_total",
 ]
-GaugeName = Literal["outbox_backlog", "materialization_lag_seconds"]
+GaugeName = Literal[
+    "outbox_backlog", "materialization_lag_seconds", "shards_held", "shards_unowned"
+]
 HistogramName = Literal["schedule_lag_seconds", "queue_age_seconds", "state_seconds"]
 
 
@@ -106,6 +108,10 @@ _GAUGES: dict[str, _Spec] = {
     "materialization_lag_seconds": _Spec(
         "How far the oldest due schedule cursor (next_run_at) is behind now."
     ),
+    # No node label: Prometheus's ``instance`` label tells the beats apart, and a beat's
+    # name (host:pid) would be a new series at every restart.
+    "shards_held": _Spec("Shard leases this beat node holds."),
+    "shards_unowned": _Spec("Shards no live lease covers, as this beat node last saw them."),
 }
 _HISTOGRAMS: dict[str, _Spec] = {
     "schedule_lag_seconds": _Spec(
@@ -116,6 +122,26 @@ _HISTOGRAMS: dict[str, _Spec] = {
 }
 
 _SPECS = {**_COUNTERS, **_GAUGES, **_HISTOGRAMS}
+#: Label names a metric may have: never a per-schedule one (20 million schedules would be
+#: 20 million series).
+ALLOWED_LABELS = frozenset({"tenant", "state"})
+
+
+def exposed_names() -> dict[str, tuple[str, ...]]:
+    """Every metric's full name (``celery_scheduler_...``) -> its label names."""
+    return {PREFIX + name: spec.labels for name, spec in _SPECS.items()}
+
+
+def exposed_series() -> set[str]:
+    """Every series name a scrape can show: histograms add _bucket/_sum/_count."""
+    series: set[str] = set()
+    for name in _COUNTERS:
+        series.add(PREFIX + name)
+    for name in _GAUGES:
+        series.add(PREFIX + name)
+    for name in _HISTOGRAMS:
+        series |= {PREFIX + name + suffix for suffix in ("_bucket", "_sum", "_count")}
+    return series
 
 
 class Metrics:
@@ -128,7 +154,14 @@ class Metrics:
             for name, spec in _COUNTERS.items()
         }
         self._gauges = {
-            name: Gauge(PREFIX + name, spec.help, spec.labels, registry=self.registry)
+            # Multiprocess mode (prefork workers): the latest value of a live process.
+            name: Gauge(
+                PREFIX + name,
+                spec.help,
+                spec.labels,
+                registry=self.registry,
+                multiprocess_mode="livemostrecent",
+            )
             for name, spec in _GAUGES.items()
         }
         self._histograms = {

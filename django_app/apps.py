@@ -10,6 +10,11 @@ class SchedulerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_app import database_checks  # registers the system checks
+        from django_app import (
+            database_checks,  # registers the system checks
+            metrics_server,
+        )
 
         del database_checks
+        # Workers serve metrics when a port is configured, with no code in the user's project.
+        metrics_server.connect_worker_signals()

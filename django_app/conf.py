@@ -79,6 +79,12 @@ class SchedulerSettings:
     #: through the general relay once due). A held row costs about its message's size
     #: (~2 KB for a small task: ~1 GB at this bound), so this bounds the beat's memory.
     burst_max_rows: int = 500_000
+    #: Beat and each worker serve /metrics, /healthz, /readyz and /status on this port
+    #: (``None``: not served). The ``CELERY_SCHEDULER_METRICS_PORT`` environment variable wins.
+    metrics_port: int | None = None
+    #: Address the metrics server binds (``CELERY_SCHEDULER_METRICS_ADDR`` wins): all
+    #: interfaces, so Prometheus and the kubelet can reach it in a pod.
+    metrics_addr: str = "0.0.0.0"
 
 
 _FIELDS = SchedulerSettings.__dataclass_fields__

@@ -217,6 +217,14 @@ def readiness(
     return ProbeResult(db_ok and broker_ok and shards_ok, checks)
 
 
+def readiness_of_worker(*, timeout: float = DEFAULT_PROBE_TIMEOUT, app: Any = None) -> ProbeResult:
+    """A worker is ready when it reaches the database and the broker within ``timeout``."""
+    checks: dict[str, str] = {}
+    db_ok, checks["database"] = _within(timeout, _ping_database)
+    broker_ok, checks["broker"] = _within(timeout, lambda: _ping_broker(app, timeout))
+    return ProbeResult(db_ok and broker_ok, checks)
+
+
 def _holds_shards(node: str | None, clock: Clock) -> tuple[bool, str]:
     names = local_nodes(node)
     if not names:

@@ -55,3 +55,14 @@ def effect(seconds: float = 0.0, read: str = "") -> dict[str, int]:
 def fails(customer: int) -> None:
     """A permanent failure (bad data): the run goes DEAD, Celery reports a FAILURE."""
     raise ValueError(f"customer {customer} has no billing address")
+
+
+@shared_task(name="acceptance.fails_slowly")
+def fails_slowly(seconds: float) -> None:
+    """Sleeps, records its pid in ``ACCEPTANCE_PID_FILE``, then fails permanently (DEAD)."""
+    time.sleep(seconds)
+    path = os.environ.get("ACCEPTANCE_PID_FILE")
+    if path:
+        with open(path, "a") as out:
+            out.write(f"{os.getpid()}\n")
+    raise ValueError("fails on purpose")
