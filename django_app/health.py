@@ -30,9 +30,9 @@ from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from django_app import conf
 from django_app.models import BeatNode, Occurrence, OutboxEntry, Schedule, ShardLease
 
-#: How long an ENQUEUED occurrence may wait for a worker's claim before status reports it
-#: (seconds). The redelivery timeout setting is used when the installed version has one.
-DEFAULT_REDELIVERY_TIMEOUT = 300.0
+#: Status's bound for an ENQUEUED occurrence's wait for a claim while redelivery is off
+#: (``redelivery_timeout_seconds = 0``): the setting's default (seconds).
+DEFAULT_REDELIVERY_TIMEOUT = 600.0
 #: Liveness: the loop must have finished a step within this many seconds.
 DEFAULT_LIVENESS_MAX_AGE = 60.0
 #: Readiness: each of the database and the broker must answer within this many seconds.
@@ -42,8 +42,8 @@ LAG_SAMPLE_LIMIT = 10_000
 
 
 def redelivery_timeout() -> float:
-    settings = conf.get()
-    return float(getattr(settings, "redelivery_timeout_seconds", DEFAULT_REDELIVERY_TIMEOUT))
+    """``redelivery_timeout_seconds`` (or its default when redelivery is turned off)."""
+    return float(conf.get().redelivery_timeout_seconds or DEFAULT_REDELIVERY_TIMEOUT)
 
 
 @dataclass
