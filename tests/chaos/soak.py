@@ -87,6 +87,8 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     from django.db import connection
 
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*cfg.log_dir.glob("*.log"), *cfg.log_dir.glob("attempts-*.jsonl")]:
+        stale.unlink()  # a reused folder: "ready." in an old log must not count
     plan = make_plan(cfg.seed, chaos_seconds=cfg.chaos_seconds, schedules=cfg.schedules)
     log(f"SEED {cfg.seed} -- {plan.summary()}; logs in {cfg.log_dir}")
     settings = scheduler_settings(cfg)
