@@ -24,6 +24,10 @@ from django.core import checks
 from django.db import connections
 
 from celery_scheduler import errors
+from django_app.compat import DJANGO_51
+
+#: Django's backend, and the package's backport of 5.1's OPTIONS for Django 4.2.
+SQLITE_ENGINES = frozenset(["django.db.backends.sqlite3", "django_app.sqlite3"])
 
 SQLITE_OPTIONS_HINT = (
     'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30, '
@@ -33,11 +37,18 @@ SQLITE_OPTIONS_HINT = (
 
 def sqlite_problems(settings_dict: dict[str, Any]) -> list[str]:
     """What is wrong with one SQLite connection's settings for several processes."""
-    if settings_dict.get("ENGINE") != "django.db.backends.sqlite3":
+    engine = settings_dict.get("ENGINE")
+    if engine not in SQLITE_ENGINES:
         return []
     options = settings_dict.get("OPTIONS") or {}
     problems = []
-    if str(options.get("transaction_mode") or "").upper() != "IMMEDIATE":
+    if not DJANGO_51 and engine != "django_app.sqlite3":
+        problems.append(
+            "Django's SQLite backend has no transaction_mode before Django 5.1: on Django 4.2 "
+            "set ENGINE='django_app.sqlite3' (the package's backport of that option), or use "
+            "Django 5.1+"
+        )
+    elif str(options.get("transaction_mode") or "").upper() != "IMMEDIATE":
         problems.append(
             "SQLite needs OPTIONS transaction_mode='IMMEDIATE': with Django's default "
             "(DEFERRED) a beat and a worker writing at once fail with 'database is locked'"
@@ -74,7 +85,7 @@ def check_database(
             checks.Warning(problem, hint=f"Set {SQLITE_OPTIONS_HINT}", id="django_app.W001")
             for problem in sqlite_problems(settings_dict)
         )
-        if settings_dict.get("ENGINE") == "django.db.backends.sqlite3":
+        if settings_dict.get("ENGINE") in SQLITE_ENGINES:
             init = str((settings_dict.get("OPTIONS") or {}).get("init_command") or "")
             if "journal_mode=wal" not in init.replace(" ", "").lower():
                 found.append(

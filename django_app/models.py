@@ -22,6 +22,7 @@ from celery_scheduler.core.enums import (
     ScheduleKind,
     ScheduleState,
 )
+from django_app.compat import check_constraint
 
 
 def _choices(enum: type) -> list[tuple[str, str]]:
@@ -174,19 +175,17 @@ class Schedule(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="schedule_tenant_idempotency_key_uniq",
             ),
-            models.CheckConstraint(
-                condition=_in_enum("kind", ScheduleKind), name="schedule_kind_valid"
-            ),
-            models.CheckConstraint(
+            check_constraint(condition=_in_enum("kind", ScheduleKind), name="schedule_kind_valid"),
+            check_constraint(
                 condition=_in_enum("state", ScheduleState), name="schedule_state_valid"
             ),
-            models.CheckConstraint(
+            check_constraint(
                 condition=_in_enum("misfire_policy", MisfirePolicy), name="schedule_misfire_valid"
             ),
-            models.CheckConstraint(
+            check_constraint(
                 condition=_in_enum("overlap_policy", OverlapPolicy), name="schedule_overlap_valid"
             ),
-            models.CheckConstraint(
+            check_constraint(
                 condition=(
                     Q(kind=ScheduleKind.CRON.value) & ~Q(cron="")
                     | Q(kind=ScheduleKind.INTERVAL.value, interval_seconds__gt=0)
@@ -194,7 +193,7 @@ class Schedule(models.Model):
                 ),
                 name="schedule_trigger_matches_kind",
             ),
-            models.CheckConstraint(condition=Q(version__gte=1), name="schedule_version_positive"),
+            check_constraint(condition=Q(version__gte=1), name="schedule_version_positive"),
         ]
         indexes = [
             # The materializer's hot path: due schedules of a shard, in time order.
@@ -314,7 +313,7 @@ class Occurrence(models.Model):
                 fields=["schedule", "schedule_version", "scheduled_for"],
                 name="occurrence_schedule_version_time_uniq",
             ),
-            models.CheckConstraint(
+            check_constraint(
                 condition=_in_enum("state", OccurrenceState), name="occurrence_state_valid"
             ),
         ]
@@ -389,7 +388,7 @@ class Attempt(models.Model):
             models.UniqueConstraint(
                 fields=["occurrence", "fencing_token"], name="attempt_fencing_uniq"
             ),
-            models.CheckConstraint(
+            check_constraint(
                 condition=_in_enum("outcome", AttemptOutcome), name="attempt_outcome_valid"
             ),
         ]

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django
 
 BASE_DIR = Path(__file__).resolve().parent
 DATA_DIR = Path(os.environ.get("CELERY_SCHEDULER_DATA_DIR", BASE_DIR.parent / ".data"))
@@ -68,6 +69,9 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if django.VERSION < (5, 1):
+        # transaction_mode and init_command are Django 5.1+: the package backports them.
+        DATABASES["default"]["ENGINE"] = "django_app.sqlite3"
     # Several processes (beat, worker, web) share the file: wait for locks instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}

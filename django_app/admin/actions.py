@@ -18,6 +18,7 @@ from django.utils.translation import ngettext
 
 from celery_scheduler import errors
 from celery_scheduler.core import ids
+from django_app.compat import log_change
 from django_app.models import Occurrence, Schedule
 
 #: verb -> (API function name, past tense for messages)
@@ -30,15 +31,10 @@ SCHEDULE_VERBS: dict[str, tuple[str, str]] = {
 
 def audit(request: HttpRequest, obj: Any, message: str) -> None:
     """Write what a user did to Django's admin log (History), as the change form does."""
-    from django.contrib.admin.models import CHANGE, LogEntry
-
     user_id = getattr(request.user, "pk", None)
     if user_id is None:
         return
-    LogEntry.objects.log_actions(
-        user_id=user_id, queryset=[obj], action_flag=CHANGE, change_message=message,
-        single_object=True,
-    )  # fmt: skip
+    log_change(user_id, obj, message)
 
 
 def _actor(request: HttpRequest) -> str:

@@ -5,6 +5,8 @@ import uuid
 from django.conf import settings
 from django.db import migrations, models
 
+from django_app.compat import check_constraint
+
 
 class Migration(migrations.Migration):
 
@@ -185,7 +187,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['occurrence', 'number'],
-                'constraints': [models.UniqueConstraint(fields=('occurrence', 'number'), name='attempt_number_uniq'), models.UniqueConstraint(fields=('occurrence', 'fencing_token'), name='attempt_fencing_uniq'), models.CheckConstraint(condition=models.Q(('outcome__in', ['RUNNING', 'SUCCEEDED', 'FAILED', 'RETRY', 'LOST', 'STALE'])), name='attempt_outcome_valid')],
+                'constraints': [models.UniqueConstraint(fields=('occurrence', 'number'), name='attempt_number_uniq'), models.UniqueConstraint(fields=('occurrence', 'fencing_token'), name='attempt_fencing_uniq'), check_constraint(condition=models.Q(('outcome__in', ['RUNNING', 'SUCCEEDED', 'FAILED', 'RETRY', 'LOST', 'STALE'])), name='attempt_outcome_valid')],
             },
         ),
         migrations.CreateModel(
@@ -223,27 +225,27 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['CRON', 'INTERVAL', 'ONE_OFF'])), name='schedule_kind_valid'),
+            constraint=check_constraint(condition=models.Q(('kind__in', ['CRON', 'INTERVAL', 'ONE_OFF'])), name='schedule_kind_valid'),
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['ACTIVE', 'PAUSED', 'CANCELED', 'COMPLETED'])), name='schedule_state_valid'),
+            constraint=check_constraint(condition=models.Q(('state__in', ['ACTIVE', 'PAUSED', 'CANCELED', 'COMPLETED'])), name='schedule_state_valid'),
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('misfire_policy__in', ['SKIP', 'FIRE_ONCE', 'CATCH_UP'])), name='schedule_misfire_valid'),
+            constraint=check_constraint(condition=models.Q(('misfire_policy__in', ['SKIP', 'FIRE_ONCE', 'CATCH_UP'])), name='schedule_misfire_valid'),
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('overlap_policy__in', ['ALLOW', 'SKIP_IF_RUNNING', 'QUEUE_ONE'])), name='schedule_overlap_valid'),
+            constraint=check_constraint(condition=models.Q(('overlap_policy__in', ['ALLOW', 'SKIP_IF_RUNNING', 'QUEUE_ONE'])), name='schedule_overlap_valid'),
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('kind', 'CRON'), models.Q(('cron', ''), _negated=True)), models.Q(('interval_seconds__gt', 0), ('kind', 'INTERVAL')), models.Q(('kind', 'ONE_OFF'), ('run_at__isnull', False)), _connector='OR'), name='schedule_trigger_matches_kind'),
+            constraint=check_constraint(condition=models.Q(models.Q(('kind', 'CRON'), models.Q(('cron', ''), _negated=True)), models.Q(('interval_seconds__gt', 0), ('kind', 'INTERVAL')), models.Q(('kind', 'ONE_OFF'), ('run_at__isnull', False)), _connector='OR'), name='schedule_trigger_matches_kind'),
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('version__gte', 1)), name='schedule_version_positive'),
+            constraint=check_constraint(condition=models.Q(('version__gte', 1)), name='schedule_version_positive'),
         ),
         migrations.AddIndex(
             model_name='outboxentry',
@@ -271,6 +273,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP'])), name='occurrence_state_valid'),
+            constraint=check_constraint(condition=models.Q(('state__in', ['SCHEDULED', 'ENQUEUED', 'RUNNING', 'RETRY_WAIT', 'SUCCEEDED', 'DEAD', 'MISSED', 'CANCELED', 'SKIPPED_OVERLAP'])), name='occurrence_state_valid'),
         ),
     ]

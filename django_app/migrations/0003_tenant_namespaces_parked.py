@@ -8,6 +8,8 @@ columns and making ``ConcurrencySlot.tenant`` required.
 
 import django.db.models.deletion
 from django.db import migrations, models
+
+from django_app.compat import check_constraint
 from django.db.models import OuterRef, Subquery
 
 
@@ -102,6 +104,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='schedule',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['ACTIVE', 'PAUSED', 'CANCELED', 'COMPLETED', 'PARKED'])), name='schedule_state_valid'),
+            constraint=check_constraint(condition=models.Q(('state__in', ['ACTIVE', 'PAUSED', 'CANCELED', 'COMPLETED', 'PARKED'])), name='schedule_state_valid'),
         ),
     ]

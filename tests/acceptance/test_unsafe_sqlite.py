@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from celery_scheduler import errors
+from django_app.compat import DJANGO_51
 from django_app.database_checks import sqlite_problems
 from tests.acceptance.support import ROOT
 
@@ -21,8 +22,21 @@ SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}
     ("settings_dict", "problems"),
     [
         (SQLITE, 1),
-        ({**SQLITE, "OPTIONS": {"transaction_mode": "immediate"}}, 0),
-        ({**SQLITE, "NAME": ":memory:", "OPTIONS": {"transaction_mode": "IMMEDIATE"}}, 1),
+        # Django 4.2's own backend has no transaction_mode (django_app.sqlite3 backports it).
+        ({**SQLITE, "OPTIONS": {"transaction_mode": "immediate"}}, 0 if DJANGO_51 else 1),
+        (
+            {**SQLITE, "NAME": ":memory:", "OPTIONS": {"transaction_mode": "IMMEDIATE"}},
+            1 if DJANGO_51 else 2,
+        ),
+        ({"ENGINE": "django_app.sqlite3", "NAME": "/tmp/x.sqlite3"}, 1),
+        (
+            {
+                "ENGINE": "django_app.sqlite3",
+                "NAME": "/x",
+                "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+            },
+            0,
+        ),
         ({"ENGINE": "django.db.backends.postgresql", "NAME": "x"}, 0),
     ],
 )

@@ -1,0 +1,50 @@
+"""What differs between the supported Django versions (4.2 LTS and 5.2 LTS), in one place.
+
+Django 5.1 renamed ``CheckConstraint(check=)`` to ``condition=`` (``check=`` warns from 5.1 and
+is gone in 6.0), replaced ``LogEntry.objects.log_action`` by ``log_actions``, and gave SQLite
+the ``transaction_mode`` and ``init_command`` OPTIONS (on 4.2 see :mod:`django_app.sqlite3`).
+Models and migrations build their constraints here so both versions get the same schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django
+from django.db import models
+
+#: Django 5.1+: ``condition=``, ``log_actions`` and SQLite's ``transaction_mode`` exist.
+DJANGO_51 = django.VERSION >= (5, 1)
+
+
+def check_constraint(*, condition: models.Q, name: str) -> models.CheckConstraint:
+    """``CheckConstraint(condition=...)`` on 5.1+, ``CheckConstraint(check=...)`` on 4.2."""
+    if DJANGO_51:
+        return models.CheckConstraint(condition=condition, name=name)
+    # The 4.2 spelling, which 5.2's stubs do not know.
+    keyword: dict[str, Any] = {"check": condition}
+    return models.CheckConstraint(name=name, **keyword)
+
+
+def log_change(user_id: Any, obj: models.Model, message: str) -> None:
+    """One CHANGE entry in Django's admin log (History) for ``obj``."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    if DJANGO_51:
+        LogEntry.objects.log_actions(
+            user_id=user_id, queryset=[obj], action_flag=CHANGE, change_message=message,
+            single_object=True,
+        )  # fmt: skip
+        return
+    from django.contrib.contenttypes.models import ContentType
+
+    # log_action is the 4.2 API; 5.2's stubs no longer list it.
+    log_action = getattr(LogEntry.objects, "log_action")  # noqa: B009
+    log_action(
+        user_id=user_id,
+        content_type_id=ContentType.objects.get_for_model(obj, for_concrete_model=False).pk,
+        object_id=obj.pk,
+        object_repr=str(obj),
+        action_flag=CHANGE,
+        change_message=message,
+    )
