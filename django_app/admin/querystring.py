@@ -56,6 +56,16 @@ class SafeChangelistAdmin(admin.ModelAdmin):
         except _LOOKUP_ERRORS as exc:
             raise MalformedQuery(_describe(exc)) from exc
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # Django 5.0+ answers an integer id beyond the column's range with "no such object";
+        # Django 4.2 lets SQLite raise OverflowError (a 500). The same answer on both.
+        try:
+            return super().get_object(request, object_id, from_field)
+        except OverflowError:
+            return None
+
     def changelist_extra_context(self, request: HttpRequest) -> dict[str, Any]:
         """Extra template context of the list page (subclasses add theirs here)."""
         return {}
