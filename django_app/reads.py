@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Value
+from django.db.models.functions import Lower
 
 from celery_scheduler import errors
 from celery_scheduler.api_types import (
@@ -343,7 +344,11 @@ def filtered(
     if task is not None:
         qs = qs.filter(task=validation._text(task, "task", required=True))
     if name_contains is not None:
-        qs = qs.filter(name__icontains=validation._text(name_contains, "name_contains"))
+        needle = validation._text(name_contains, "name_contains")
+        # Lowered on both sides in SQL rather than ``icontains``: Django's MySQL backend spells
+        # that as a plain LIKE, which is case-sensitive under the utf8mb4_bin collation the
+        # README asks MySQL/MariaDB databases to use.
+        qs = qs.alias(name_lower=Lower("name")).filter(name_lower__contains=Lower(Value(needle)))
     before = validation._aware(next_run_before, "next_run_before")
     after = validation._aware(next_run_after, "next_run_after")
     if before is not None:

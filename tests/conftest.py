@@ -62,18 +62,7 @@ def database_family() -> str:
 
 
 #: Not yet supported on MySQL/MariaDB, skipped there with the reason (node id -> reason).
-NOT_YET_ON_MYSQL = {
-    **dict.fromkeys(
-        [
-            "tests/integration/test_api_reads.py::test_list_filters_and_keyset_pages",
-            "tests/integration/test_api_reads.py::test_keyset_pages_handle_equal_created_at",
-            "tests/integration/test_http_tokens_cli.py::test_schedules_list_describe_backfill_commands",
-            "tests/integration/test_http_api.py::test_every_schedule_endpoint_with_a_tenant_token",
-        ],
-        "not yet on MariaDB: the HTTP API's keyset pages assume uuid text order; MariaDB's "
-        "native UUID type sorts by its time-like groups",
-    ),
-}
+NOT_YET_ON_MYSQL: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
