@@ -63,19 +63,41 @@ def resolve_tenant(tenant: Tenant | str | None) -> Tenant:
     """The tenant object for a slug (the default tenant is created on first use)."""
     if isinstance(tenant, Tenant):
         return tenant
-    default = conf.get().default_tenant
-    slug = tenant or default
-    if not isinstance(slug, str):
-        raise errors.ValidationError(
-            f"tenant must be a Tenant or a slug, got {slug!r}", field="tenant"
-        )
-    validation._text(slug, "tenant", max_length=64)  # NUL, bad Unicode, longer than the column
-    if slug == default:
+    slug = _tenant_slug(tenant)
+    if slug == conf.get().default_tenant:
         return Tenant.objects.get_or_create(slug=slug, defaults={"name": slug})[0]
     try:
         return Tenant.objects.get(slug=slug)
     except Tenant.DoesNotExist:
         raise errors.ValidationError(f"Unknown tenant {slug!r}", field="tenant") from None
+
+
+def _tenant_slug(tenant: str | None) -> str:
+    """The validated slug a caller named (the default tenant's when None or empty)."""
+    slug = tenant or conf.get().default_tenant
+    if not isinstance(slug, str):
+        raise errors.ValidationError(
+            f"tenant must be a Tenant or a slug, got {slug!r}", field="tenant"
+        )
+    validation._text(slug, "tenant", max_length=64)  # NUL, bad Unicode, longer than the column
+    return slug
+
+
+def locked_tenant(tenant: Tenant | str | None) -> Tenant:
+    """:func:`resolve_tenant`, row-locked in the caller's transaction, in one query.
+
+    The lock makes a create's quota check and its insert atomic.
+    """
+    if isinstance(tenant, Tenant):
+        return Tenant.objects.select_for_update().get(pk=tenant.pk)
+    slug = _tenant_slug(tenant)
+    try:
+        return Tenant.objects.select_for_update().get(slug=slug)
+    except Tenant.DoesNotExist:
+        if slug != conf.get().default_tenant:
+            raise errors.ValidationError(f"Unknown tenant {slug!r}", field="tenant") from None
+    resolve_tenant(slug)  # creates the default tenant on first use
+    return Tenant.objects.select_for_update().get(slug=slug)
 
 
 def create_schedule(
@@ -86,7 +108,11 @@ def create_schedule(
     source: str = "api",
     **values: Any,
 ) -> Schedule:
-    """Validate and create a schedule; the same idempotency key returns the same schedule."""
+    """Validate and create a schedule; the same idempotency key returns the same schedule.
+
+    Queries: the tenant (locked), the key's lookup (with a key), the quota count (with a
+    quota), then one insert each for the schedule, its first version and its tags.
+    """
     now = (clock or SYSTEM_CLOCK).now()
     extras = validation.validate_extras(
         {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
@@ -94,40 +120,78 @@ def create_schedule(
     spec = validation.validate(now=now, **values)
     if idempotency_key is not None:
         idempotency_key = validation._text(idempotency_key, "idempotency_key", required=True)
-    tenant_obj = resolve_tenant(tenant)
+    if not isinstance(tenant, Tenant):
+        _tenant_slug(tenant)  # a bad slug is a ValidationError before the transaction
     digest = _content_hash(spec, extras)
     with transaction.atomic():
-        # Lock the tenant so the schedule-count quota check and the insert are atomic.
-        locked_tenant = Tenant.objects.select_for_update().get(pk=tenant_obj.pk)
+        tenant_obj = locked_tenant(tenant)
         if idempotency_key is not None:
-            existing = _by_idempotency_key(locked_tenant, idempotency_key, digest)
+            existing = _by_idempotency_key(tenant_obj, idempotency_key, digest)
             if existing is not None:
                 return existing
-        _check_quota(locked_tenant)
-        schedule = Schedule(
-            tenant=locked_tenant, idempotency_key=idempotency_key, content_hash=digest,
-            source=source, max_runs=extras.get("max_runs"),
-            pause_after_failures=extras.get("pause_after_failures"), **spec.model_fields(),
+        _check_quota(tenant_obj)
+        schedule = new_schedule(
+            tenant_obj, spec, extras, idempotency_key=idempotency_key, digest=digest,
+            source=source, now=now,
         )  # fmt: skip
-        if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
-            schedule.start_at = now  # the interval's anchor must survive restarts
-        schedule.shard = ids.shard_for(schedule.id, conf.get().shard_count)
-        schedule.next_run_at = _first_run(spec, schedule.start_at, now)
-        try:
-            with transaction.atomic():
-                schedule.save(force_insert=True)
-        except IntegrityError:
-            # A concurrent create with the same key won the unique constraint.
-            if idempotency_key is None:
-                raise
-            winner = _by_idempotency_key(locked_tenant, idempotency_key, digest)
-            if winner is None:
-                raise
-            return winner
-        _open_version(schedule, min(now, schedule.next_run_at or now))
+        if idempotency_key is None:
+            schedule.save(force_insert=True)
+        else:
+            try:
+                with transaction.atomic():
+                    schedule.save(force_insert=True)
+            except IntegrityError:
+                # A concurrent create with the same key won the unique constraint.
+                winner = _by_idempotency_key(tenant_obj, idempotency_key, digest)
+                if winner is None:
+                    raise
+                return winner
+        # A new schedule has no version row and no skipped times yet: a plain insert.
+        first_version(schedule, now).save(force_insert=True)
         if extras.get("tags"):
-            _set_tags(schedule, extras["tags"])
+            ScheduleTag.objects.bulk_create(new_tags(schedule, extras["tags"]))
     return schedule
+
+
+def new_schedule(
+    tenant: Tenant,
+    spec: validation.ScheduleSpec,
+    extras: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    digest: str,
+    source: str,
+    now: datetime,
+) -> Schedule:
+    """The unsaved row of a new schedule: cursor, shard and anchor as every create sets them."""
+    schedule = Schedule(
+        tenant=tenant, idempotency_key=idempotency_key, content_hash=digest,
+        source=source, max_runs=extras.get("max_runs"),
+        pause_after_failures=extras.get("pause_after_failures"), **spec.model_fields(),
+    )  # fmt: skip
+    if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
+        schedule.start_at = now  # the interval's anchor must survive restarts
+    schedule.shard = ids.shard_for(schedule.id, conf.get().shard_count)
+    schedule.next_run_at = _first_run(spec, schedule.start_at, now)
+    return schedule
+
+
+def first_version(schedule: Schedule, now: datetime) -> ScheduleVersion:
+    """The unsaved version-1 row of a new schedule (what ``_open_version`` writes)."""
+    return ScheduleVersion(
+        schedule=schedule, version=schedule.version, kind=schedule.kind, cron=schedule.cron,
+        timezone=schedule.timezone, interval_seconds=schedule.interval_seconds,
+        run_at=schedule.run_at, start_at=schedule.start_at, end_at=schedule.end_at,
+        valid_from=min(now, schedule.next_run_at or now), valid_to=None,
+    )  # fmt: skip
+
+
+def new_tags(schedule: Schedule, tags: dict[str, str]) -> list[ScheduleTag]:
+    """The unsaved tag rows of a new schedule."""
+    return [
+        ScheduleTag(schedule=schedule, tenant_id=schedule.tenant_id, key=k, value=v)
+        for k, v in sorted(tags.items())
+    ]
 
 
 def _content_hash(spec: validation.ScheduleSpec, extras: dict[str, Any]) -> str:
@@ -143,10 +207,7 @@ def _content_hash(spec: validation.ScheduleSpec, extras: dict[str, Any]) -> str:
 def _set_tags(schedule: Schedule, tags: dict[str, str]) -> None:
     """Replace the schedule's tags with ``tags`` (in the caller's transaction)."""
     ScheduleTag.objects.filter(schedule=schedule).delete()
-    ScheduleTag.objects.bulk_create(
-        ScheduleTag(schedule=schedule, tenant_id=schedule.tenant_id, key=k, value=v)
-        for k, v in sorted(tags.items())
-    )
+    ScheduleTag.objects.bulk_create(new_tags(schedule, tags))
 
 
 def _apply_extras(schedule: Schedule, extras: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -248,8 +249,10 @@ def _trigger_fields(
 
 def _task_name(value: Any, *, check_registry: bool) -> str:
     name = _text(value, "task", required=True, max_length=200)
-    if check_registry:
-        registered = registered_task_names()
+    if check_registry and not is_registered_task(name):
+        # A miss may be a task module not imported yet (registered after our one import):
+        # import the task modules once more before calling the name unknown.
+        registered = registered_task_names(refresh=True)
         if name not in registered:
             import difflib
 
@@ -263,14 +266,37 @@ def _task_name(value: Any, *, check_registry: bool) -> str:
 
 INTERNAL_TASK_PREFIXES = ("celery.", "celery_scheduler.")
 
+#: Celery apps whose task modules this process has imported. Celery's
+#: ``import_default_modules()`` also runs Django's system checks (its Django fixup): half of a
+#: create's time when it ran on every call, so it runs once per process and app, and again
+#: only on a miss.
+_imported_apps: weakref.WeakSet[Any] = weakref.WeakSet()
 
-def registered_task_names() -> list[str]:
-    """Names of the tasks the current Celery app knows (after task autodiscovery)."""
+
+def _import_task_modules(*, refresh: bool = False) -> Any:
     from celery import current_app
 
-    current_app.loader.import_default_modules()
+    app = current_app._get_current_object()  # type: ignore[attr-defined]  # a Proxy
+    if refresh or app not in _imported_apps:
+        app.loader.import_default_modules()
+        _imported_apps.add(app)
+    return app
+
+
+def is_registered_task(name: str) -> bool:
+    """Whether the current Celery app knows ``name`` (internal tasks excluded)."""
+    app = _import_task_modules()
+    return name in app.tasks and not name.startswith(INTERNAL_TASK_PREFIXES)
+
+
+def registered_task_names(*, refresh: bool = False) -> list[str]:
+    """Names of the tasks the current Celery app knows (after task autodiscovery).
+
+    The task modules are imported once per process; ``refresh`` imports them again.
+    """
+    app = _import_task_modules(refresh=refresh)
     # Celery's own tasks and the scheduler's internals are not something to schedule.
-    return sorted(n for n in current_app.tasks if not n.startswith(INTERNAL_TASK_PREFIXES))
+    return sorted(n for n in app.tasks if not n.startswith(INTERNAL_TASK_PREFIXES))
 
 
 def _text(value: Any, name: str, max_length: int = 200, *, required: bool = False) -> str:
