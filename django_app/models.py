@@ -208,6 +208,11 @@ class Schedule(models.Model):
             models.Index(fields=["tenant", "created_at", "id"], name="schedule_tenant_keyset"),
             # list_schedules(next_run_before/after=...): a range of cursors in any state.
             models.Index(fields=["next_run_at"], name="schedule_next_run"),
+            # The admin list's default order (name, then id in the same direction), and its
+            # task filter's loose index scan, across tenants and within one.
+            models.Index(fields=["name", "id"], name="schedule_admin_name"),
+            models.Index(fields=["task"], name="schedule_task"),
+            models.Index(fields=["tenant", "task"], name="schedule_tenant_task"),
         ]
 
     def __str__(self) -> str:
@@ -323,6 +328,12 @@ class Occurrence(models.Model):
             models.Index(fields=["tenant", "state"], name="occurrence_tenant_state"),
             # The reconciler's window read: one chunk of schedules, a time range, in order.
             models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time"),
+            # The admin list: newest first (id breaks ties in the same direction), and its
+            # "manual" filter, which is rare among millions of scheduled runs.
+            models.Index(fields=["scheduled_for", "id"], name="occurrence_admin_time"),
+            models.Index(
+                fields=["scheduled_for"], condition=Q(manual=True), name="occurrence_manual_time"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
+from django_app.admin import scale
 from django_app.admin.querystring import SafeChangelistAdmin
 from django_app.models import Tenant, TenantMembership
 
@@ -78,6 +79,15 @@ class TenantScopedAdmin(SafeChangelistAdmin):
 
     #: ORM path from the model to its Tenant.
     tenant_lookup = "tenant"
+    # Lists of millions of rows: counts stop at a cap (then estimate), no second count of
+    # the unfiltered table, no facet counts (see django_app.admin.scale).
+    paginator = scale.EstimatedCountPaginator
+    show_full_result_count = False
+    if hasattr(admin, "ShowFacets"):  # Django 5.0+
+        show_facets = admin.ShowFacets.NEVER
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return scale.ScaleChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scope(request, super().get_queryset(request), self.tenant_lookup)
