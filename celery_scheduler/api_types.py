@@ -235,6 +235,37 @@ class BulkReport:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BulkCreateReport:
+    """What ``create_schedules`` did: one schedule id per item, in the items' order.
+
+    ``created`` new schedules; ``existing`` items whose idempotency key (with the same
+    content) named a schedule already there, or an earlier item of the same call.
+    """
+
+    schedule_ids: list[uuid.UUID]
+    created: int
+    existing: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSyncReport:
+    """What ``sync_schedules`` did, by idempotency key (each list in the items' order).
+
+    ``created``: new schedules; ``updated``: changed through ``update_schedule`` (a new
+    version when timing or task fields changed); ``unchanged``: already as wanted;
+    ``stopped``: canceled or completed schedules with that key, left alone (a key is never
+    reused); ``pruned``: schedules canceled because their key was not in the items
+    (``prune=True``).
+    """
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SkipResult:
     """The fire time ``skip_occurrence`` skipped and what became of its occurrence.
 

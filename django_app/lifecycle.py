@@ -163,35 +163,78 @@ def new_schedule(
     source: str,
     now: datetime,
 ) -> Schedule:
-    """The unsaved row of a new schedule: cursor, shard and anchor as every create sets them."""
-    schedule = Schedule(
-        tenant=tenant, idempotency_key=idempotency_key, content_hash=digest,
-        source=source, max_runs=extras.get("max_runs"),
-        pause_after_failures=extras.get("pause_after_failures"), **spec.model_fields(),
+    """The unsaved row of a new schedule (see :func:`new_schedule_values`)."""
+    values = new_schedule_values(
+        tenant.pk, spec, extras, idempotency_key=idempotency_key, digest=digest,
+        source=source, now=now,
+    )  # fmt: skip
+    del values["tenant_id"]
+    return Schedule(tenant=tenant, **values)
+
+
+def new_schedule_values(
+    tenant_id: int,
+    spec: validation.ScheduleSpec,
+    extras: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    digest: str,
+    source: str,
+    now: datetime,
+    shard_count: int | None = None,
+) -> dict[str, Any]:
+    """The columns every create sets on a new schedule: id, cursor, shard, anchor, spec.
+
+    The single create builds its row from these, the bulk create writes them as they are:
+    one computation, so the two cannot drift apart. Columns left out take their defaults.
+    """
+    values = spec.model_fields()
+    schedule_id = uuid.uuid4()
+    values.update(
+        id=schedule_id, tenant_id=tenant_id, idempotency_key=idempotency_key,
+        content_hash=digest, source=source, max_runs=extras.get("max_runs"),
+        pause_after_failures=extras.get("pause_after_failures"),
+        shard=ids.shard_for(schedule_id, shard_count or conf.get().shard_count),
     )  # fmt: skip
     if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
-        schedule.start_at = now  # the interval's anchor must survive restarts
-    schedule.shard = ids.shard_for(schedule.id, conf.get().shard_count)
-    schedule.next_run_at = _first_run(spec, schedule.start_at, now)
-    return schedule
+        values["start_at"] = now  # the interval's anchor must survive restarts
+    values["next_run_at"] = _first_run(spec, values["start_at"], now)
+    return values
+
+
+_VERSION_COLUMNS = ("kind", "cron", "timezone", "interval_seconds", "run_at", "start_at", "end_at")
 
 
 def first_version(schedule: Schedule, now: datetime) -> ScheduleVersion:
     """The unsaved version-1 row of a new schedule (what ``_open_version`` writes)."""
-    return ScheduleVersion(
-        schedule=schedule, version=schedule.version, kind=schedule.kind, cron=schedule.cron,
-        timezone=schedule.timezone, interval_seconds=schedule.interval_seconds,
-        run_at=schedule.run_at, start_at=schedule.start_at, end_at=schedule.end_at,
-        valid_from=min(now, schedule.next_run_at or now), valid_to=None,
+    values = first_version_values(vars(schedule), now)
+    del values["schedule_id"]
+    return ScheduleVersion(schedule=schedule, **values)
+
+
+def first_version_values(schedule: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The version row's columns for a new schedule's columns (``schedule_id`` included)."""
+    values = {c: schedule[c] for c in _VERSION_COLUMNS}
+    values.update(
+        schedule_id=schedule["id"], version=schedule.get("version", 1),
+        valid_from=min(now, schedule["next_run_at"] or now), valid_to=None,
     )  # fmt: skip
+    return values
 
 
 def new_tags(schedule: Schedule, tags: dict[str, str]) -> list[ScheduleTag]:
     """The unsaved tag rows of a new schedule."""
     return [
-        ScheduleTag(schedule=schedule, tenant_id=schedule.tenant_id, key=k, value=v)
-        for k, v in sorted(tags.items())
+        ScheduleTag(schedule=schedule, **values)
+        for values in tag_values(schedule.id, schedule.tenant_id, tags)
     ]
+
+
+def tag_values(
+    schedule_id: uuid.UUID, tenant_id: int, tags: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The tag rows' columns (but ``schedule_id``) of a schedule's tags, in key order."""
+    return [{"tenant_id": tenant_id, "key": k, "value": v} for k, v in sorted(tags.items())]
 
 
 def _content_hash(spec: validation.ScheduleSpec, extras: dict[str, Any]) -> str:
@@ -533,8 +576,9 @@ def _first_run(
 ) -> datetime | None:
     if spec.kind is ScheduleKind.ONE_OFF:
         return spec.run_at
-    trigger = spec.trigger(anchor=start_at or now)
-    first = trigger.first_at_or_after(max(now, start_at) if start_at else now)
+    first = validation.first_fire(
+        spec, anchor=start_at or now, at=max(now, start_at) if start_at else now
+    )
     if first is not None and spec.end_at is not None and first > spec.end_at:
         return None
     return first
