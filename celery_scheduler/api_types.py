@@ -254,8 +254,8 @@ class ScheduleSyncReport:
     ``created``: new schedules; ``updated``: changed through ``update_schedule`` (a new
     version when timing or task fields changed); ``unchanged``: already as wanted;
     ``stopped``: canceled or completed schedules with that key, left alone (a key is never
-    reused); ``pruned``: schedules canceled because their key was not in the items
-    (``prune=True``).
+    reused); ``pruned``: schedules canceled because their key was not in the items (in key order;
+    ``prune=True``).
     """
 
     created: list[str] = field(default_factory=list)

@@ -460,7 +460,7 @@ def _prune(
 
     live = Schedule.objects.filter(tenant=tenant, source=SYNC_SOURCE, state__in=_LIVE)
     pruned: list[str] = []
-    for schedule_id, key in live.order_by("created_at", "id").values_list("id", "idempotency_key"):
+    for schedule_id, key in live.order_by("idempotency_key").values_list("id", "idempotency_key"):
         if key is None or key in keep:
             continue
         api.cancel_schedule(schedule_id, actor=actor, reason=reason, clock=clock)

@@ -101,6 +101,33 @@ class ScheduleCreate(ScheduleFieldsMixin):
     reason = _reason()
 
 
+class ScheduleItem(ScheduleFieldsMixin):
+    """One item of a bulk create or a sync: a create's fields but tenant and reason."""
+
+    name = Text(trim_whitespace=False)
+    task = Text(trim_whitespace=False)
+    idempotency_key = _text(help_text="Required in a sync: it matches the schedule.")
+
+
+#: Items per bulk create or sync request (a bigger load: several requests, or the Python API).
+MAX_ITEMS = 10_000
+
+
+class BulkCreateRequest(Strict):
+    items = serializers.ListField(
+        child=serializers.DictField(), max_length=MAX_ITEMS,
+        help_text=f"Up to {MAX_ITEMS:,} schedules (the fields of a create, without tenant).",
+    )  # fmt: skip
+    tenant = _text(help_text="Tenant slug (superusers; a token always uses its own).")
+    reason = _reason()
+
+
+class SyncRequest(BulkCreateRequest):
+    prune = serializers.BooleanField(
+        required=False, help_text="Cancel sync-made schedules whose key is not in items."
+    )
+
+
 class ScheduleUpdate(ScheduleFieldsMixin):
     name = _text()
     task = _text()
@@ -310,6 +337,20 @@ class BulkItem(serializers.Serializer):
 class BulkOutcome(serializers.Serializer):
     action = serializers.CharField()
     items = BulkItem(many=True)
+
+
+class BulkCreateOutcome(serializers.Serializer):
+    schedule_ids = serializers.ListField(child=serializers.UUIDField())
+    created = serializers.IntegerField()
+    existing = serializers.IntegerField()
+
+
+class SyncOutcome(serializers.Serializer):
+    created = serializers.ListField(child=serializers.CharField())
+    updated = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.ListField(child=serializers.CharField())
+    stopped = serializers.ListField(child=serializers.CharField())
+    pruned = serializers.ListField(child=serializers.CharField())
 
 
 class TenantInfo(serializers.Serializer):

@@ -13,6 +13,8 @@ app_name = "scheduler_api"
 
 urlpatterns = [
     path("schedules/", views.ScheduleListView.as_view(), name="schedules"),
+    path("schedules/bulk/", views.BulkCreateView.as_view(), name="bulk-create"),
+    path("schedules/sync/", views.SyncView.as_view(), name="sync"),
     path("schedules/bulk/<str:action>/", views.BulkView.as_view(), name="bulk"),
     path("schedules/<uuid:schedule_id>/", views.ScheduleDetailView.as_view(), name="schedule"),
     path("schedules/<uuid:schedule_id>/pause/", views.PauseView.as_view(), name="pause"),

@@ -162,6 +162,46 @@ class ScheduleListView(SchedulerAPIView):
         return Response(as_json(described), status=201)
 
 
+class _ItemsView(SchedulerAPIView):
+    """Bulk create and sync: each item parsed like a create's body, errors naming it."""
+
+    def items(self, request: Request, serializer: type[s.Strict]) -> tuple[Any, dict[str, Any]]:
+        given = self.parse(serializer, request.data)
+        items = []
+        for index, item in enumerate(given.pop("items")):
+            parsed = s.ScheduleItem(data=item)
+            if not parsed.is_valid():
+                # {"items[3]": {"cron": [...]}}: the 400's field reads "items[3].cron".
+                raise exceptions.ValidationError({f"items[{index}]": parsed.errors})
+            items.append(parsed.given())
+        tenant = scope_of(request).tenant_filter(given.pop("tenant", None) or None)
+        return items, {"tenant": tenant, **given, "actor": actor_of(request)}
+
+
+class BulkCreateView(_ItemsView):
+    @extend_schema(
+        request=s.BulkCreateRequest,
+        responses=_responses(s.BulkCreateOutcome, 201),
+        summary="Create many schedules at once (all or nothing; idempotency keys honored)",
+        operation_id="schedules_bulk_create",
+    )
+    def post(self, request: Request) -> Response:
+        items, options = self.items(request, s.BulkCreateRequest)
+        return Response(as_json(api.create_schedules(items, **options)), status=201)
+
+
+class SyncView(_ItemsView):
+    @extend_schema(
+        request=s.SyncRequest,
+        responses=_responses(s.SyncOutcome),
+        summary="Make the tenant's schedules match the items, by idempotency key",
+        operation_id="schedules_sync",
+    )
+    def post(self, request: Request) -> Response:
+        items, options = self.items(request, s.SyncRequest)
+        return Response(as_json(api.sync_schedules(items, **options)))
+
+
 class ScheduleDetailView(SchedulerAPIView):
     @extend_schema(
         parameters=[s.DescribeQuery],

@@ -448,6 +448,7 @@ def test_openapi_schema_is_generated_and_valid(live_server: Any) -> None:
     base = "/scheduler/api/"
     expected = {
         "schedules/", "schedules/{schedule_id}/", "schedules/bulk/{action}/",
+        "schedules/bulk/", "schedules/sync/",
         "schedules/{schedule_id}/pause/", "schedules/{schedule_id}/resume/",
         "schedules/{schedule_id}/cancel/", "schedules/{schedule_id}/run-now/",
         "schedules/{schedule_id}/skip/", "schedules/{schedule_id}/backfill/",

@@ -90,7 +90,7 @@ def test_prune_cancels_only_sync_made_schedules_missing_from_the_items(acme: Ten
     assert kept.pruned == []
     assert kept.unchanged == ["report"]
     report = _sync(items, prune=True, reason="gone from the file")
-    assert report.pruned == ["poll", "once"]
+    assert report.pruned == ["once", "poll"]  # in key order
     assert report.unchanged == ["report"]
     states = dict(Schedule.objects.values_list("idempotency_key", "state"))
     assert states == {
@@ -145,3 +145,26 @@ def test_a_paused_schedule_is_updated_and_stays_paused(acme: Tenant) -> None:
     assert _sync(items).updated == ["poll"]
     poll.refresh_from_db()
     assert (poll.state, poll.interval_seconds) == ("PAUSED", 120)
+
+
+def test_the_sync_schedules_command(acme: Tenant, tmp_path: Any) -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    items = _items()
+    run_at = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)  # the real clock
+    items[2]["run_at"] = run_at.isoformat()  # JSON: ISO 8601 text
+    path = tmp_path / "schedules.json"
+    path.write_text(json.dumps({"items": items}))
+    out = io.StringIO()
+    call_command("sync_schedules", str(path), "--tenant", "acme", stdout=out)
+    assert "created: 3" in out.getvalue()
+    assert Schedule.objects.get(idempotency_key="once").run_at == run_at
+    items[0]["cron"] = "61 * * * *"
+    path.write_text(json.dumps(items))
+    with pytest.raises(CommandError, match=r"items\[0\]\.cron") as caught:
+        call_command("sync_schedules", str(path), "--tenant", "acme")
+    assert caught.value.returncode == 2
