@@ -3,7 +3,9 @@
 Each call is one database transaction that locks the schedule row, so it serialises with
 the materializer's conditional cursor update (``WHERE version = <read>``) and with the
 relay's row locks: once a call that bumps the version has committed, no occurrence of an
-older version is materialized or published any more. Rows are never deleted; invalidated
+older version is materialized or published any more. A call that the database chose as a
+deadlock victim (InnoDB does, racing the materializer) runs again
+(:mod:`django_app.dbretry`). Rows are never deleted; invalidated
 occurrences become CANCELED and stay for audit.
 """
 
@@ -24,6 +26,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
 from django_app import conf, replan, validation
+from django_app.dbretry import retry_lock_conflicts
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -100,6 +103,7 @@ def locked_tenant(tenant: Tenant | str | None) -> Tenant:
     return Tenant.objects.select_for_update().get(slug=slug)
 
 
+@retry_lock_conflicts
 def create_schedule(
     *,
     tenant: Tenant | str | None = None,
@@ -269,6 +273,7 @@ def _apply_extras(schedule: Schedule, extras: dict[str, Any]) -> None:
         _set_tags(schedule, extras["tags"])
 
 
+@retry_lock_conflicts
 def update_schedule(
     schedule_id: uuid.UUID | str,
     *,
@@ -341,6 +346,7 @@ def update_schedule(
         )
 
 
+@retry_lock_conflicts
 def pause_schedule(
     schedule_id: uuid.UUID | str, *, note: str = "", clock: Clock | None = None
 ) -> LifecycleResult:
@@ -383,6 +389,7 @@ def pause_locked(schedule: Schedule, now: datetime, reason: str) -> dict[str, An
     return result
 
 
+@retry_lock_conflicts
 def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
     """Resume from now under the misfire policy.
 
@@ -420,6 +427,7 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         return LifecycleResult(schedule=schedule, version=schedule.version, state=schedule.state)
 
 
+@retry_lock_conflicts
 def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None) -> LifecycleResult:
     """Cancel for good. History stays; RUNNING occurrences are reported, not interrupted."""
     now = (clock or SYSTEM_CLOCK).now()
@@ -438,6 +446,7 @@ def cancel_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         )
 
 
+@retry_lock_conflicts
 def run_now(
     schedule_id: uuid.UUID | str,
     *,

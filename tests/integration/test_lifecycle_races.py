@@ -106,11 +106,6 @@ def _stale_claimable(schedule_id: uuid.UUID) -> list[Occurrence]:
 
 @pytest.mark.parametrize("round_", range(3))
 def test_update_and_cancel_racing_materializer_leave_nothing_claimable(round_: int) -> None:
-    if connection.vendor == "mysql":
-        pytest.skip(
-            "not yet on MySQL/MariaDB: an update or cancel racing the materializer can be "
-            "chosen as an InnoDB deadlock victim (1213) and raise instead of waiting"
-        )
     clock = FrozenClock(NOW)
     schedule = api.create_schedule(
         name=f"race-{round_}", task="billing.ping", cron="* * * * *", clock=clock
@@ -154,6 +149,69 @@ def test_update_and_cancel_racing_materializer_leave_nothing_claimable(round_: i
     assert list(remaining) == []
     # History is kept: invalidated occurrences are CANCELED, never deleted.
     assert Occurrence.objects.filter(schedule_id=schedule.id, state="CANCELED").count() >= 30
+
+
+def _lock_waiters() -> int:
+    """Transactions of this database now waiting for a row lock (asked on a new connection)."""
+    from django.db import connections
+
+    with connections["default"].cursor() as cur:
+        if connection.vendor == "mysql":
+            cur.execute("SELECT COUNT(*) FROM information_schema.innodb_trx "
+                        "WHERE trx_state = 'LOCK WAIT'")  # fmt: skip
+        else:
+            cur.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock'")  # fmt: skip
+        return int(cur.fetchone()[0])
+
+
+def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
+    """The materializer's lock order, replayed step by step: on InnoDB the lifecycle loses.
+
+    The writer holds a shared lock on the schedule row (what InnoDB's foreign-key check of
+    an occurrence insert takes, there implicitly), a pause asks for the row's exclusive lock
+    and waits, then the writer updates the row itself (the materializer's cursor update).
+    InnoDB calls that a deadlock and rolls back the transaction that wrote less, the pause,
+    which must run again once the writer commits. PostgreSQL lets a shared-lock holder
+    update its row past a waiter, and the pause just waits.
+    """
+    clock = FrozenClock(NOW)
+    schedule = api.create_schedule(name="victim", task="billing.ping", cron="* * * * *",
+                                   clock=clock)  # fmt: skip
+    at = datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
+    inserted, pause_waits = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        share = "LOCK IN SHARE MODE" if connection.vendor == "mysql" else "FOR SHARE"
+        pk = Schedule._meta.pk.get_db_prep_value(schedule.id, connection)  # type: ignore[union-attr]
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(f"SELECT id FROM {Schedule._meta.db_table} WHERE id = %s {share}", [pk])
+            Occurrence.objects.create(id=uuid.uuid4(), **_occurrence_row(schedule, at))
+            inserted.set()
+            assert pause_waits.wait(timeout=20), "the pause never waited for the row lock"
+            Schedule.objects.filter(pk=schedule.id).update(updated_at=NOW)
+
+    def pause() -> None:
+        assert inserted.wait(timeout=20)
+        api.pause_schedule(schedule.id, clock=clock)
+
+    def watch() -> None:
+        # Releases the writer once the pause (the only other transaction) waits for the lock.
+        assert inserted.wait(timeout=20)
+        for _ in range(100):
+            # Not faster: InnoDB refreshes information_schema.innodb_trx only after 100 ms
+            # without a read of it.
+            threading.Event().wait(0.15)
+            if _lock_waiters():
+                pause_waits.set()
+                return
+
+    assert run_threads(writer, pause, watch) == []
+    paused = Schedule.objects.get(pk=schedule.id)
+    assert paused.state == "PAUSED"
+    # The pause ran after the writer committed: it saw and canceled the writer's occurrence.
+    assert Occurrence.objects.get(schedule=schedule, scheduled_for=at).state == "CANCELED"
 
 
 def test_occurrence_ids_are_deterministic_across_processes() -> None:
