@@ -29,6 +29,7 @@ import os
 import random
 import socket
 import threading
+import time
 from datetime import timedelta
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from celery import beat
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.lead import RateMeter, lead_seconds, pending_cap
 
 if TYPE_CHECKING:
     from django_app.relay import LookaheadRelay
@@ -58,6 +60,11 @@ STRAND_CHECK_INTERVAL = 60.0
 
 #: Seconds between two progress stamps of the loop (BeatNode.progress_at).
 PROGRESS_STAMP_INTERVAL = 1.0
+#: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
+#: first large burst after a start is planned early rather than late.
+ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 2_000
+#: Seconds between two readings of the schedules due within ``max_horizon_seconds``.
+HORIZON_REFRESH_SECONDS = 5.0
 
 
 def ensure_django() -> None:
@@ -117,6 +124,10 @@ class DatabaseScheduler(beat.Scheduler):
         self._next_poll = 0.0
         self._next_redelivery = 0.0
         self._last_relay_poll = 0.0
+        self.materialize_rate = RateMeter(assumed=ASSUMED_MATERIALIZE_ROWS_PER_SECOND)
+        self._horizon: timedelta | None = None
+        self._next_horizon_sizing = 0.0
+        self._horizon_bounds = (0.0, 0.0)
         self._random = random.Random()
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)
@@ -362,7 +373,7 @@ class DatabaseScheduler(beat.Scheduler):
         fencing = self._shard_leases()
         if fencing is not None and not fencing:
             return  # holds no shard (yet): materializing is another node's job meanwhile
-        horizon = timedelta(seconds=self._horizon_seconds())
+        horizon = self._plan_horizon(None if fencing is None else list(fencing))
         until = self.clock.now() + horizon
         due = set(
             Schedule.objects.filter(state="ACTIVE", next_run_at__lte=until)
@@ -375,21 +386,60 @@ class DatabaseScheduler(beat.Scheduler):
             return
         ordered = sorted(due)
         start = self._random.randrange(len(ordered))
+        rows, spent = 0, 0.0
         for shard in ordered[start:] + ordered[:start]:
             # Renew during a long pass too, or the leases lapse halfway through it.
             fencing = self._shard_leases()
             if fencing is not None and shard not in fencing:
                 continue
-            materialize_due(
+            started = time.perf_counter()
+            report = materialize_due(
                 clock=self.clock,
                 shards=[shard],
                 shard_fencing={shard: fencing[shard]} if fencing is not None else None,
                 horizon=horizon,
                 node=self.node,
             )
+            rows += report.occurrences_created + report.missed
+            spent += time.perf_counter() - started
             relay.publish_held()
             if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
                 self._relay_poll(relay)
+        self.materialize_rate.observe(rows, spent)
+
+    def _plan_horizon(self, shards: list[int] | None) -> timedelta:
+        """How far ahead to materialize: ``horizon_seconds`` for a light load, up to
+        ``max_horizon_seconds`` when the schedules due before that bound would take this node
+        long to materialize at its measured rate (:mod:`celery_scheduler.core.lead`): the
+        top of the hour is planned minutes ahead, an everyday load keeps few future rows.
+        Re-read every few seconds (a capped index count over the node's shards)."""
+        from django_app import conf
+        from django_app.materializer import count_due_schedules
+
+        cfg = conf.get()
+        floor = float(cfg.horizon_seconds)
+        ceiling = max(floor, float(cfg.max_horizon_seconds))
+        bounds = (floor, ceiling)
+        if (
+            self._horizon is not None
+            and self.clock.monotonic() < self._next_horizon_sizing
+            and bounds == self._horizon_bounds
+        ):
+            return self._horizon
+        self._horizon_bounds = bounds
+        rate = self.materialize_rate.rate
+        pending = count_due_schedules(
+            until=self.clock.now() + timedelta(seconds=ceiling),
+            shards=shards,
+            limit=pending_cap(rate, floor=floor, ceiling=ceiling),
+        )
+        seconds = lead_seconds(pending, rate, floor=floor, ceiling=ceiling)
+        if self._horizon is None or abs(seconds - self._horizon.total_seconds()) >= 1:
+            logger.debug("beat %s: horizon %.0fs (%d due, %.0f rows/s)", self.node, seconds,
+                         pending, rate)  # fmt: skip
+        self._horizon = timedelta(seconds=seconds)
+        self._next_horizon_sizing = self.clock.monotonic() + HORIZON_REFRESH_SECONDS
+        return self._horizon
 
     def _shard_leases(self) -> dict[int, int] | None:
         """Shard -> fencing token this node holds (refreshed each poll); None: no leasing.
@@ -447,11 +497,6 @@ class DatabaseScheduler(beat.Scheduler):
             reshard.check(shard_count)
         except errors.ShardCountMismatch as exc:
             logger.error("beat %s: %s", self.node, exc)
-
-    def _horizon_seconds(self) -> int:
-        from django_app import conf
-
-        return conf.get().horizon_seconds
 
     def _sleep_time(self) -> float:
         wait = max(self._next_poll - self.clock.monotonic(), 0.0)

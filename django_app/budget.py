@@ -39,6 +39,11 @@ def trigger_rates(tenant_ids: Collection[int]) -> dict[int, int]:
     return {tid: int(rate or 0) for tid, rate in rows.values_list("id", "max_trigger_rate")}
 
 
+def rate_limited_tenants() -> set[int]:
+    """Ids of the tenants with a trigger rate (few: a per-poll read is cheap)."""
+    return set(Tenant.objects.filter(max_trigger_rate__gt=0).values_list("id", flat=True))
+
+
 def take_trigger(
     wanted: Mapping[int, int], rates: Mapping[int, int], now: datetime
 ) -> dict[int, int]:

@@ -3,9 +3,12 @@
 The per-batch relay does everything after ``available_at``: lock, read, build, publish,
 mark. For 500,000 rows due at one instant that is far too late. Here the work moves ahead:
 
-1. **claim** (``lookahead`` before the rows are due, committed): rows due within the
-   window are claimed durably (``claimed_by`` = this relay, ``claim_expires_at`` = each
-   row's ``available_at`` plus ``claim_grace_seconds``), so no other relay takes them, and
+1. **claim** (``lookahead`` before the rows are due, committed; the lookahead grows with
+   the rows due, see :meth:`BurstRelay.claim_window`): rows due within the window, and rows
+   already past due (a backlog after an outage, a restart, a late plan; oldest first, so
+   they go out at the burst rate), are claimed durably (``claimed_by`` = this relay,
+   ``claim_expires_at`` = each row's ``available_at`` plus ``claim_grace_seconds``), so no
+   other relay takes them, and
    the rows of a relay that died or stalled are taken over that soon after they were due;
 2. **prepare** (no transaction): one joined read loads what the messages need; the
    publisher's ``prepare`` builds and serialises the envelopes. Rows are grouped in waves
@@ -55,6 +58,7 @@ from django.db import connection, transaction
 
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.core.lead import RateMeter, lead_seconds, pending_cap
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
 from django_app import budget, conf, tenancy
@@ -70,6 +74,7 @@ from django_app.burst_sql import (
     decode_json,
     due,
 )
+from django_app.models import OutboxEntry
 from django_app.relay import (
     PUBLISHABLE,
     RelayReport,
@@ -90,6 +95,11 @@ PUBLISH_CHUNK = 5_000
 SQL_CHUNK = 20_000
 #: Locking rate assumed when choosing how early to open a wave's transaction (rows/s).
 LOCK_ROWS_PER_SECOND = 20_000
+#: Claim + prepare rate assumed before one was measured (rows/s): low on purpose, so the
+#: first burst after a start is prepared early rather than late.
+ASSUMED_PREPARE_ROWS_PER_SECOND = 5_000
+#: Seconds between two readings of the rows due within the largest lookahead.
+LOOKAHEAD_REFRESH_SECONDS = 5.0
 
 _PUBLISHABLE = [s.value for s in PUBLISHABLE]
 
@@ -119,7 +129,15 @@ class BurstRelay:
         self.clock = clock
         self.publisher = publisher
         self.token = _new_token(node)
-        self.lookahead = lookahead or timedelta(seconds=cfg.burst_lookahead_seconds)
+        # Given a lookahead, it is fixed; else it is sized from the rows due (claim_window).
+        floor = lookahead or timedelta(seconds=cfg.burst_lookahead_seconds)
+        self.lookahead = floor
+        self.max_lookahead = (
+            floor if lookahead else max(floor, timedelta(seconds=cfg.burst_max_lookahead_seconds))
+        )
+        self.prepare_rate = RateMeter(assumed=ASSUMED_PREPARE_ROWS_PER_SECOND)
+        self._floor = floor
+        self._next_sizing = 0.0
         self.hold = hold if hold is not None else timedelta(seconds=cfg.burst_hold_seconds)
         self.shard_fencing = dict(shard_fencing) if shard_fencing is not None else None
         self.shards = list(self.shard_fencing) if self.shard_fencing is not None else shards
@@ -140,10 +158,14 @@ class BurstRelay:
         return self._hold_at(self._waves[0]) if self._waves else None
 
     def poll(self) -> RelayReport:
-        report = relay_due(
+        """Claim and prepare the window (late rows first), fire what is due, then relay
+        through the general path what the window left (rate-limited tenants' late rows,
+        rows given back by a wave)."""
+        report = self.claim_ahead()
+        report += self.publish_held()
+        return report + relay_due(
             clock=self.clock, publisher=self.publisher, shards=self.shards, node=self.token
         )
-        return report + self.claim_ahead()
 
     def step(self) -> RelayReport:
         return self.publish_held() + self.poll()
@@ -168,10 +190,13 @@ class BurstRelay:
         envelopes, other relays claim the following chunks, so a burst splits between them.
         """
         held = 0
+        window = self.claim_window()
+        rate_limited = sorted(budget.rate_limited_tenants())
+        spent = 0.0  # claiming and preparing only: the waves fired in between do not count
         while (room := min(self.max_rows - self.held(), SQL_CHUNK)) > 0:
             started = time.perf_counter()
             now = self.clock.now()
-            until = now + self.lookahead
+            until = now + window
             with transaction.atomic(), connection.cursor() as cur:
                 cur.execute(
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
@@ -182,6 +207,7 @@ class BurstRelay:
                         "until": until,
                         "limit": room,
                         "shards": list(self.shards or ()),
+                        "rate_limited": rate_limited,
                     },
                 )
                 got = cur.fetchall()
@@ -189,9 +215,37 @@ class BurstRelay:
             if got:
                 self._add_rows(self._prepare_rows(got))
                 held += len(got)
+            spent += time.perf_counter() - started
             if len(got) < room:
                 break
+            # A long claim (a large burst) must not delay waves already due meanwhile.
+            self.publish_held()
+        self.prepare_rate.observe(held, spent)
         return RelayReport(held=held)
+
+    def claim_window(self) -> timedelta:
+        """How far ahead to claim: ``burst_lookahead_seconds`` for a light load, longer
+        (up to ``burst_max_lookahead_seconds``) when the unsent rows due within the largest
+        window would take this relay long to claim and prepare at its measured rate
+        (:mod:`celery_scheduler.core.lead`). Re-read every few seconds, not every poll."""
+        if self.max_lookahead == self._floor:
+            return self._floor
+        mono = self.clock.monotonic()
+        if mono < self._next_sizing:
+            return self.lookahead
+        self._next_sizing = mono + LOOKAHEAD_REFRESH_SECONDS
+        floor, ceiling = self._floor.total_seconds(), self.max_lookahead.total_seconds()
+        rate = self.prepare_rate.rate
+        cap = min(pending_cap(rate, floor=floor, ceiling=ceiling), self.max_rows)
+        rows = OutboxEntry.objects.filter(
+            sent_at__isnull=True, available_at__lte=self.clock.now() + self.max_lookahead
+        )
+        if self.shards is not None:
+            rows = rows.filter(shard__in=list(self.shards))
+        pending = rows.order_by()[:cap].count()
+        seconds = lead_seconds(pending, rate, floor=floor, ceiling=ceiling)
+        self.lookahead = timedelta(seconds=seconds)
+        return self.lookahead
 
     def _prepare_rows(
         self, claimed: list[tuple[int, uuid.UUID, int, datetime, int]]
@@ -531,7 +585,7 @@ class BurstRelay:
         slept = 0.0
         slice_seconds = _idle_bound() / 4
         while (wait := (due_at - self.clock.now()).total_seconds()) > 0:
-            if wait > self.lookahead.total_seconds() + self.hold.total_seconds():
+            if wait > self.max_lookahead.total_seconds() + self.hold.total_seconds():
                 break  # the wall clock stepped back: _still_ours gives the rows up
             step = min(wait, slice_seconds)
             self.clock.sleep(step)
@@ -553,7 +607,7 @@ class BurstRelay:
         now = self.clock.now()
         late = (now - due_at).total_seconds()
         overslept = slept > 0 and late > conf.get().claim_grace_seconds
-        if not overslept and -late <= self.lookahead.total_seconds():
+        if not overslept and -late <= self.max_lookahead.total_seconds():
             return True
         logger.warning(
             "burst relay %s: woke %.1fs %s its rows' time %s; not publishing them here",

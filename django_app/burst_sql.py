@@ -71,17 +71,24 @@ def decode_json(value: Any) -> Any:
 #: as int2[], and ``bigint = ANY(int2[])`` is not hashed, so on an unanalysed table (a fresh
 #: burst) a 20,000-id check became a seq scan comparing each row with every id (~6 s).
 SHARDS = "AND shard = ANY(%(shards)s::int[])"
-#: A claim lasts until the row's own time plus ``claim_grace_seconds`` (not the window's
-#: end): rows a dead or stalled relay held are taken over that soon after they were due,
-#: however far ahead the window reached. Holding past that is harmless: the wave locks
+#: A claim lasts until the row's own time (a row already late: the claim's time) plus
+#: ``claim_grace_seconds`` (not the window's end): rows a dead or stalled relay held are
+#: taken over that soon after they were due, however far ahead the window reached. Rows
+#: already past due are claimed too (oldest first), so a backlog after an outage, a restart
+#: or a late plan goes out at the burst rate, not one general-relay batch at a time. Late
+#: rows of tenants with a trigger rate are left to the general relay, which takes them as
+#: the tenant's budget allows (claiming them here would re-prepare and give back the same
+#: rows on every poll while the budget is spent). Holding past that is harmless: the wave locks
 #: occurrence rows and re-checks ``sent_at`` before publishing, so an expired claim moves
 #: who sends, not how often.
 CLAIM_SQL = """
 UPDATE django_app_outboxentry
-SET claimed_by = %(token)s, claim_expires_at = available_at + make_interval(secs => %(lease)s)
+SET claimed_by = %(token)s,
+    claim_expires_at = GREATEST(available_at, %(now)s) + make_interval(secs => %(lease)s)
 WHERE id IN (
     SELECT id FROM django_app_outboxentry
-    WHERE sent_at IS NULL AND available_at > %(now)s AND available_at <= %(until)s {shards}
+    WHERE sent_at IS NULL AND available_at <= %(until)s {shards}
+      AND (available_at > %(now)s OR NOT tenant_id = ANY(%(rate_limited)s::bigint[]))
       AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
     ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id, occurrence_id, shard, available_at, tenant_id

@@ -16,8 +16,13 @@ class SchedulerSettings:
     #: beat refuses to start until then). Keep it well above
     #: the number of beat nodes so shards can be balanced.
     shard_count: int = 64
-    #: How far ahead the materializer creates occurrences (seconds).
+    #: How far ahead the materializer creates occurrences under a light load (seconds).
     horizon_seconds: int = 60
+    #: How far ahead it may reach when much is due: beat sizes the horizon from the
+    #: schedules due before this bound and the materializing rate it measured
+    #: (celery_scheduler.core.lead), so 500,000 crons due at one instant are planned minutes
+    #: ahead while an everyday load keeps ``horizon_seconds`` (seconds).
+    max_horizon_seconds: int = 900
     #: Rows per materializer/relay batch.
     batch_size: int = 500
     #: Lease duration for shard leases (seconds).
@@ -74,6 +79,10 @@ class SchedulerSettings:
     #: :func:`burst_relay_enabled`.
     burst_relay: bool | int | str = "auto"
     burst_lookahead_seconds: int = 30
+    #: The burst relay's lookahead grows from ``burst_lookahead_seconds`` up to this when
+    #: many rows are due, sized from the unsent rows within it and the claim + prepare rate
+    #: it measured, so a large burst is prepared before its instant (seconds).
+    burst_max_lookahead_seconds: int = 600
     burst_hold_seconds: int = 1
     #: Rows one burst relay holds prepared at most (more wait for a later claim, or go
     #: through the general relay once due). A held row costs about its message's size

@@ -170,6 +170,15 @@ def materialize_due(
     return report
 
 
+def count_due_schedules(*, until: datetime, shards: Collection[int] | None, limit: int) -> int:
+    """ACTIVE schedules of ``shards`` with a cursor at or before ``until``, counted up to
+    ``limit`` (an index range: the cost grows with the schedules due, not with all)."""
+    due = Schedule.objects.filter(state=ScheduleState.ACTIVE.value, next_run_at__lte=until)
+    if shards is not None:
+        due = due.filter(shard__in=list(shards))
+    return due.order_by().values("id")[:limit].count()
+
+
 def _record_metrics(
     report: MaterializeReport, *, oldest_cursor: datetime | None, now: datetime
 ) -> None:
