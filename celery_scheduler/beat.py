@@ -376,7 +376,10 @@ class DatabaseScheduler(beat.Scheduler):
         horizon = self._plan_horizon(None if fencing is None else list(fencing))
         until = self.clock.now() + horizon
         due = set(
+            # No ordering: the model's ordering ("name") would join the DISTINCT and sort
+            # every due row by name.
             Schedule.objects.filter(state="ACTIVE", next_run_at__lte=until)
+            .order_by()
             .values_list("shard", flat=True)
             .distinct()
         )

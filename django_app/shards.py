@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime, timedelta
+from functools import reduce
+from operator import or_
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
@@ -253,15 +255,18 @@ class ShardLeaser:
         )
 
     def _renew(self, now: datetime, expires: datetime) -> dict[int, int]:
-        renewed: dict[int, int] = {}
+        if not self._held:
+            return {}
+        # One statement for every held shard (not one per shard: 64 round trips a poll),
+        # each row matched on its own fencing token.
+        ours = reduce(or_, (Q(shard=s, fencing_token=t) for s, t in self._held.items()))
         with transaction.atomic():
             self._bound_lock_wait()
-            for shard, token in sorted(self._held.items()):
-                if ShardLease.objects.filter(
-                    shard=shard, owner=self.node, fencing_token=token, expires_at__gt=now
-                ).update(expires_at=expires):
-                    renewed[shard] = token
-        return renewed
+            ShardLease.objects.filter(ours, owner=self.node, expires_at__gt=now).update(
+                expires_at=expires
+            )
+            renewed = ShardLease.objects.filter(ours, owner=self.node, expires_at=expires)
+            return dict(renewed.values_list("shard", "fencing_token"))
 
     def _acquire(self, shards: tuple[int, ...], now: datetime, expires: datetime) -> dict[int, int]:
         with transaction.atomic():
