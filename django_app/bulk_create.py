@@ -184,6 +184,7 @@ def _create(
             row = lifecycle.new_schedule_values(
                 tenant_obj.pk, item.spec, item.extras, idempotency_key=item.key,
                 digest=item.digest, source=source, now=now, shard_count=shard_count,
+                copy_arguments=False,  # the spec is this call's own; the rows only serialise it
             )  # fmt: skip
             if item.key is not None:  # a later item with the same key replays this one
                 existing[item.key] = (row["id"], item.digest)
@@ -257,19 +258,24 @@ class _Writer:
             )
             self.fields = fields
             self.names = [f.attname for f in fields]
-            self.json_names = [f.attname for f in fields if isinstance(f, models.JSONField)]
+            self.json_positions = [
+                (i, f.attname) for i, f in enumerate(fields) if isinstance(f, models.JSONField)
+            ]
             self.defaults = self._defaults()
 
     def _defaults(self) -> dict[str, Any]:
         # What save() gives a column the row leaves out: auto_now(_add) the current time
-        # (read once per chunk), else the field's default.
+        # (read once per chunk), else the field's default (JSON ones as JSON text).
         now = timezone.now()
-        return {
-            f.attname: now
-            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
-            else f.get_default()
-            for f in self.fields
-        }
+        defaults: dict[str, Any] = {}
+        for f in self.fields:
+            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                defaults[f.attname] = now
+            elif isinstance(f, models.JSONField):
+                defaults[f.attname] = json.dumps(f.get_default())
+            else:
+                defaults[f.attname] = f.get_default()
+        return defaults
 
     def __enter__(self) -> _Writer:
         return self
@@ -285,10 +291,12 @@ class _Writer:
             raw = self.cursor.cursor  # psycopg's cursor: Django's wrapper has no copy()
             self.copy_context = raw.copy(self.statement)
             self.copy = self.copy_context.__enter__()
-        values = {**self.defaults, **row}
-        for name in self.json_names:
-            values[name] = json.dumps(values[name])  # as Django's JSONField sends it
-        self.copy.write_row([values[name] for name in self.names])
+        defaults = self.defaults
+        values = [row[name] if name in row else defaults[name] for name in self.names]
+        for position, name in self.json_positions:
+            if name in row:  # as Django's JSONField sends it
+                values[position] = json.dumps(values[position])
+        self.copy.write_row(values)
         self.count += 1
         if self.count >= CHUNK:
             self._end_copy(None)

@@ -186,13 +186,14 @@ def new_schedule_values(
     source: str,
     now: datetime,
     shard_count: int | None = None,
+    copy_arguments: bool = True,
 ) -> dict[str, Any]:
     """The columns every create sets on a new schedule: id, cursor, shard, anchor, spec.
 
     The single create builds its row from these, the bulk create writes them as they are:
     one computation, so the two cannot drift apart. Columns left out take their defaults.
     """
-    values = spec.model_fields()
+    values = spec.model_fields(copy_arguments=copy_arguments)
     schedule_id = uuid.uuid4()
     values.update(
         id=schedule_id, tenant_id=tenant_id, idempotency_key=idempotency_key,

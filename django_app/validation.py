@@ -93,11 +93,13 @@ class ScheduleSpec:
         payload = json.dumps(self._values(), sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def model_fields(self) -> dict[str, Any]:
-        """The Schedule model columns this spec sets (args and kwargs copied)."""
+    def model_fields(self, *, copy_arguments: bool = True) -> dict[str, Any]:
+        """The Schedule model columns this spec sets (args and kwargs copied, unless the
+        caller only serialises them)."""
         values = self._values()
-        values["args"] = copy.deepcopy(self.args)
-        values["kwargs"] = copy.deepcopy(self.kwargs)
+        if copy_arguments:
+            values["args"] = copy.deepcopy(self.args)
+            values["kwargs"] = copy.deepcopy(self.kwargs)
         values["kind"] = self.kind.value
         values["misfire_policy"] = self.misfire_policy.value
         values["overlap_policy"] = self.overlap_policy.value
