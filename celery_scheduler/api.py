@@ -138,27 +138,26 @@ def create_schedule(
         celery_scheduler.errors.IdempotencyConflict: key reused with other content.
         celery_scheduler.errors.QuotaExceeded: the tenant's schedule quota is used up.
     """
-    from django.db import transaction
-
     from django_app import audit, lifecycle
 
     who, why = audit.check(actor, reason)
-    # The audit entry commits with the schedule: one commit (one WAL flush) per create,
-    # and no schedule without its entry.
-    with transaction.atomic():
-        schedule = lifecycle.create_schedule(
-            tenant=tenant, idempotency_key=idempotency_key, clock=clock,
-            name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
-            args=args, kwargs=kwargs, queue=queue, priority=priority,
-            misfire_policy=misfire_policy, max_lateness=max_lateness, catchup_cap=catchup_cap,
-            overlap_policy=overlap_policy, flexible_window=flexible_window,
-            concurrency_limit=concurrency_limit, concurrency_group=concurrency_group,
-            max_attempts=max_attempts, deadline=deadline, start_at=start_at, end_at=end_at,
-            max_runs=max_runs, pause_after_failures=pause_after_failures,
-            tags=tags,
-        )  # fmt: skip
+
+    def audited(schedule: Schedule) -> None:
+        # In the create's transaction: the entry commits with the schedule (one commit,
+        # one WAL flush per create; no schedule without its entry).
         audit.record("create", schedule=schedule, actor=who, reason=why, clock=clock)
-    return schedule
+
+    return lifecycle.create_schedule(
+        tenant=tenant, idempotency_key=idempotency_key, clock=clock, then=audited,
+        name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
+        args=args, kwargs=kwargs, queue=queue, priority=priority,
+        misfire_policy=misfire_policy, max_lateness=max_lateness, catchup_cap=catchup_cap,
+        overlap_policy=overlap_policy, flexible_window=flexible_window,
+        concurrency_limit=concurrency_limit, concurrency_group=concurrency_group,
+        max_attempts=max_attempts, deadline=deadline, start_at=start_at, end_at=end_at,
+        max_runs=max_runs, pause_after_failures=pause_after_failures,
+        tags=tags,
+    )  # fmt: skip
 
 
 def create_schedules(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -110,9 +111,13 @@ def create_schedule(
     idempotency_key: str | None = None,
     clock: Clock | None = None,
     source: str = "api",
+    then: Callable[[Schedule], Any] | None = None,
     **values: Any,
 ) -> Schedule:
     """Validate and create a schedule; the same idempotency key returns the same schedule.
+
+    ``then`` is called with the schedule (created or replayed) inside the transaction, so
+    what it writes (the API's audit entry) commits with it, in one commit.
 
     Queries: the tenant (locked), the key's lookup (with a key), the quota count (with a
     quota), then one insert each for the schedule, its first version and its tags.
@@ -128,32 +133,52 @@ def create_schedule(
         _tenant_slug(tenant)  # a bad slug is a ValidationError before the transaction
     digest = _content_hash(spec, extras)
     with transaction.atomic():
-        tenant_obj = locked_tenant(tenant)
-        if idempotency_key is not None:
-            existing = _by_idempotency_key(tenant_obj, idempotency_key, digest)
-            if existing is not None:
-                return existing
-        _check_quota(tenant_obj)
-        schedule = new_schedule(
-            tenant_obj, spec, extras, idempotency_key=idempotency_key, digest=digest,
+        schedule = _create_locked(
+            tenant, spec, extras, idempotency_key=idempotency_key, digest=digest,
             source=source, now=now,
         )  # fmt: skip
-        if idempotency_key is None:
-            schedule.save(force_insert=True)
-        else:
-            try:
-                with transaction.atomic():
-                    schedule.save(force_insert=True)
-            except IntegrityError:
-                # A concurrent create with the same key won the unique constraint.
-                winner = _by_idempotency_key(tenant_obj, idempotency_key, digest)
-                if winner is None:
-                    raise
-                return winner
-        # A new schedule has no version row and no skipped times yet: a plain insert.
-        first_version(schedule, now).save(force_insert=True)
-        if extras.get("tags"):
-            ScheduleTag.objects.bulk_create(new_tags(schedule, extras["tags"]))
+        if then is not None:
+            then(schedule)
+    return schedule
+
+
+def _create_locked(
+    tenant: Tenant | str | None,
+    spec: validation.ScheduleSpec,
+    extras: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    digest: str,
+    source: str,
+    now: datetime,
+) -> Schedule:
+    """create_schedule's writes, in its transaction: the schedule, or the key's replay."""
+    tenant_obj = locked_tenant(tenant)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(tenant_obj, idempotency_key, digest)
+        if existing is not None:
+            return existing
+    _check_quota(tenant_obj)
+    schedule = new_schedule(
+        tenant_obj, spec, extras, idempotency_key=idempotency_key, digest=digest,
+        source=source, now=now,
+    )  # fmt: skip
+    if idempotency_key is None:
+        schedule.save(force_insert=True)
+    else:
+        try:
+            with transaction.atomic():
+                schedule.save(force_insert=True)
+        except IntegrityError:
+            # A concurrent create with the same key won the unique constraint.
+            winner = _by_idempotency_key(tenant_obj, idempotency_key, digest)
+            if winner is None:
+                raise
+            return winner
+    # A new schedule has no version row and no skipped times yet: a plain insert.
+    first_version(schedule, now).save(force_insert=True)
+    if extras.get("tags"):
+        ScheduleTag.objects.bulk_create(new_tags(schedule, extras["tags"]))
     return schedule
 
 
