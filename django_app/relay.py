@@ -30,12 +30,14 @@ instead of at the next poll.
 from __future__ import annotations
 
 import logging
+import math
 import uuid
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 
@@ -121,23 +123,80 @@ def _idle_bound() -> float:
     return max(float(conf.get().claim_grace_seconds), 1.0)
 
 
-def bound_relay_transaction() -> None:
-    """First statement of a relay transaction: bound its waits (PostgreSQL only).
+def bound_relay_transaction() -> bool:
+    """First statement of a relay transaction: bound its waits.
 
-    ``lock_timeout``: a lock wait gives up after ``publish_timeout_seconds``.
-    ``idle_in_transaction_session_timeout``: if the process stalls (SIGSTOP, a frozen VM)
-    while holding the transaction, PostgreSQL ends the session after ``claim_grace_seconds``
-    and its row locks go with it, so another beat can publish the rows once their claims
-    lapse. Only set in the relay's own (outermost) transaction, never a caller's.
+    PostgreSQL (``SET LOCAL``, gone with the transaction): ``lock_timeout``, a lock wait
+    gives up after ``publish_timeout_seconds``; ``idle_in_transaction_session_timeout``, if
+    the process stalls (SIGSTOP, a frozen VM) while holding the transaction, PostgreSQL ends
+    the session after ``claim_grace_seconds`` and its row locks go with it, so another beat
+    can publish the rows once their claims lapse. Only set in the relay's own (outermost)
+    transaction, never a caller's.
+
+    MySQL/MariaDB have no transaction-local settings: the same bounds are session values
+    (``innodb_lock_wait_timeout``; MariaDB's ``idle_transaction_timeout``, or on MySQL 8,
+    which has no idle-transaction bound, ``wait_timeout``, which the server also applies
+    while a transaction waits for the client), in whole seconds. Returns True when it
+    changed them: :func:`relay_transaction` then puts the connection's own values back.
     """
-    if connection.vendor != "postgresql":
-        return
     cfg = conf.get()
+    if connection.vendor == "mysql":
+        idle = "idle_transaction_timeout" if connection.mysql_is_mariadb else "wait_timeout"
+        sets = [
+            "@celery_scheduler_lock_wait = @@session.innodb_lock_wait_timeout",
+            f"SESSION innodb_lock_wait_timeout = {max(1, math.ceil(cfg.publish_timeout_seconds))}",
+        ]
+        if len(connection.atomic_blocks) == 1:
+            sets += [
+                f"@celery_scheduler_idle = @@session.{idle}",
+                f"SESSION {idle} = {max(1, math.ceil(_idle_bound()))}",
+            ]
+        with connection.cursor() as cur:
+            # One statement: the old values are read before any is changed.
+            cur.execute("SET " + ", ".join(sets))
+        return True
+    if connection.vendor != "postgresql":
+        return False
     with connection.cursor() as cur:
         cur.execute(f"SET LOCAL lock_timeout = {max(1, int(cfg.publish_timeout_seconds * 1000))}")
         if len(connection.atomic_blocks) == 1:
             ms = int(_idle_bound() * 1000)
             cur.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+    return False
+
+
+@contextmanager
+def relay_transaction() -> Iterator[None]:
+    """``transaction.atomic()`` for one relay transaction, its waits bounded
+    (:func:`bound_relay_transaction`); on MySQL/MariaDB the session's values are restored
+    once it ended (after the commit: the idle bound must cover the wait for it too)."""
+    restore = False
+    outermost = not connection.in_atomic_block
+    try:
+        with transaction.atomic():
+            restore = bound_relay_transaction()
+            yield
+    finally:
+        if restore:
+            _restore_session_bounds(outermost)
+
+
+def _restore_session_bounds(outermost: bool) -> None:
+    if connection.connection is None:
+        return  # closed after a failed rollback: a new session starts with its own values
+    idle = "idle_transaction_timeout" if connection.mysql_is_mariadb else "wait_timeout"
+    sets = ["SESSION innodb_lock_wait_timeout = @celery_scheduler_lock_wait"]
+    if outermost:
+        sets.append(f"SESSION {idle} = @celery_scheduler_idle")
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SET " + ", ".join(sets))
+    except DatabaseError:
+        # The server ended the session (the bound did its job) or the connection broke: a
+        # session left with the relay's short bounds must not serve the caller's next work.
+        logger.debug("relay: could not restore the session's lock bounds", exc_info=True)
+        if not connection.in_atomic_block:
+            connection.close()
 
 
 def _keepalive() -> None:
@@ -191,8 +250,7 @@ def _relay_batch(
 ) -> RelayReport:
     """One transaction: take up to ``size`` rows, check, publish, mark (module docstring)."""
     now = clock.now()
-    with transaction.atomic():
-        bound_relay_transaction()
+    with relay_transaction():
         lock = _skip_locked()
         ids = tenancy.take_fair_batch(candidates, size, lock=lock, now=now, until=now, token=token)
         if lock:
@@ -363,8 +421,7 @@ class LookaheadRelay:
 
     def _publish_held_batch(self, ids: list[int]) -> RelayReport:
         now = self.clock.now()
-        with transaction.atomic():
-            bound_relay_transaction()
+        with relay_transaction():
             rows_qs = OutboxEntry.objects.filter(id__in=ids, sent_at__isnull=True).filter(
                 _claim_free(now, self.token)
             )

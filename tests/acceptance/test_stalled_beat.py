@@ -1,8 +1,11 @@
 """Issue 15, item 6: a stalled beat does not hold strict work hostage.
 
-Two real beats on PostgreSQL + Redis. One-off schedules come due together; whichever beat
-claimed them ahead is frozen with SIGSTOP just before their instant (its wave transaction
-is open, the occurrence rows locked) and stays frozen for ``STALL`` seconds. Before, the
+Two real beats on PostgreSQL or MariaDB + Redis. One-off schedules come due together;
+whichever beat claimed them ahead is frozen with SIGSTOP just before their instant (on
+PostgreSQL its burst wave's transaction is open, the occurrence rows locked; MariaDB's
+lookahead relay holds only the durable claims until the instant, and a stall inside its
+short publishing transaction is proven in ``tests/integration/test_relay_stall_bound.py``)
+and stays frozen for ``STALL`` seconds. Before, the
 claims lasted the row's time plus ``lease_seconds`` (30 s) and the row locks as long as the
 process was frozen: the rows went out when it was resumed, ``STALL`` seconds late. Now the
 other beat must publish every one of them within ``BOUND`` seconds of its time (the strict
@@ -26,7 +29,7 @@ from django_app.models import BeatNode, Occurrence, OutboxEntry
 from tests.acceptance import support
 
 pytestmark = [
-    pytest.mark.postgres,
+    pytest.mark.concurrent_db,
     pytest.mark.redis,
     pytest.mark.acceptance,
     pytest.mark.django_db(transaction=True),
