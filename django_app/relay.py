@@ -141,7 +141,7 @@ def bound_relay_transaction() -> bool:
     """
     cfg = conf.get()
     if connection.vendor == "mysql":
-        idle = "idle_transaction_timeout" if connection.mysql_is_mariadb else "wait_timeout"
+        idle = _idle_variable()
         sets = [
             "@celery_scheduler_lock_wait = @@session.innodb_lock_wait_timeout",
             f"SESSION innodb_lock_wait_timeout = {max(1, math.ceil(cfg.publish_timeout_seconds))}",
@@ -181,10 +181,16 @@ def relay_transaction() -> Iterator[None]:
             _restore_session_bounds(outermost)
 
 
+def _idle_variable() -> str:
+    """MariaDB's idle-transaction bound; MySQL 8 has none, and ``wait_timeout`` serves."""
+    mariadb = bool(getattr(connection, "mysql_is_mariadb", False))
+    return "idle_transaction_timeout" if mariadb else "wait_timeout"
+
+
 def _restore_session_bounds(outermost: bool) -> None:
     if connection.connection is None:
         return  # closed after a failed rollback: a new session starts with its own values
-    idle = "idle_transaction_timeout" if connection.mysql_is_mariadb else "wait_timeout"
+    idle = _idle_variable()
     sets = ["SESSION innodb_lock_wait_timeout = @celery_scheduler_lock_wait"]
     if outermost:
         sets.append(f"SESSION {idle} = @celery_scheduler_idle")
