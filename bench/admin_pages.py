@@ -323,7 +323,10 @@ def _users() -> tuple[Any, Any, Any]:
 
 
 def pages(tenant: Any) -> list[tuple[str, str, str]]:
-    """(who, label, url) of every page measured."""
+    """(who, label, url) of every page measured.
+
+    ``?o=`` counts the action checkbox as column 0 when the user may run an action (the
+    superuser); the view-only staff user has no checkbox, so its columns start at 0."""
     from django.urls import reverse
 
     from django_app.models import Occurrence, Schedule
@@ -352,7 +355,9 @@ def pages(tenant: Any) -> list[tuple[str, str, str]]:
         ("schedule list, search name", f"{schedules}?q=digest+17"),
         ("schedule list, page 2", f"{schedules}?p=2"),
         ("schedule list, page 1000", f"{schedules}?p=1000"),
-        ("schedule list, sorted by next run", f"{schedules}?o=3"),
+        ("schedule list, sorted by next run", f"{schedules}?o={{next}}"),
+        ("schedule list, sorted by state", f"{schedules}?o={{state}}"),
+        ("schedule list, sorted by name desc", f"{schedules}?o=-{{name}}"),
         ("schedule change page + history", schedule_page),
         ("occurrence list (All)", occurrences),
         ("occurrence list, Dead letters", f"{occurrences}?state__exact=DEAD"),
@@ -370,10 +375,20 @@ def pages(tenant: Any) -> list[tuple[str, str, str]]:
         ("overview", reverse("admin:django_app_overview")),
         ("admin index", reverse("admin:index")),
     ]
-    return [(who, label, url) for who in ("superuser", "tenant staff") for label, url in rows]
+    columns = {
+        "superuser": {"name": 1, "state": 2, "next": 4},
+        "tenant staff": {"name": 0, "state": 1, "next": 3},
+    }
+    return [
+        (who, label, url.format(**columns[who]) if "{" in url else url)
+        for who in ("superuser", "tenant staff")
+        for label, url in rows
+    ]
 
 
-def measure(repeat: int) -> list[tuple[str, str, float, int, int]]:
+def measure(
+    repeat: int, *, only: str = "", slowest: bool = False
+) -> list[tuple[str, str, float, int, int]]:
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -386,6 +401,8 @@ def measure(repeat: int) -> list[tuple[str, str, float, int, int]]:
     for who, label, url in pages(tenant):
         if who == "tenant staff" and "tenant filter" in label:
             continue  # a tenant user has no tenant filter
+        if only and only not in f"{who} {label}":
+            continue
         client = clients[who]
         times, queries, status = [], 0, 0
         for _ in range(repeat + 1):  # the first request warms caches and is not counted
@@ -399,6 +416,9 @@ def measure(repeat: int) -> list[tuple[str, str, float, int, int]]:
         ms = statistics.median(times[1:])
         results.append((who, label, ms, queries, status))
         print(f"  {who:13} {label:42} {ms:8.0f} ms {queries:3} q  {status}", flush=True)
+        if slowest:  # the query to look at first when a page is slow
+            worst = max(captured.captured_queries, key=lambda q: float(q["time"]))
+            print(f"      slowest {float(worst['time']) * 1000:.0f} ms: {worst['sql'][:400]}")
     return results
 
 
@@ -427,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme", action="store_true", help="write the table into bench/README.md"
     )
+    parser.add_argument("--only", default="", help="measure the pages whose label holds this")
+    parser.add_argument("--slowest", action="store_true", help="print each page's slowest query")
     args = parser.parse_args(argv)
     sizes = (args.schedules, args.occurrences)
 
@@ -459,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     settings.ALLOWED_HOSTS = ["*"]
-    results = measure(args.repeat)
+    results = measure(args.repeat, only=args.only, slowest=args.slowest)
     text = table(results, sizes)
     print()
     print(text)

@@ -213,6 +213,10 @@ class Schedule(models.Model):
             models.Index(fields=["name", "id"], name="schedule_admin_name"),
             models.Index(fields=["task"], name="schedule_task"),
             models.Index(fields=["tenant", "task"], name="schedule_tenant_task"),
+            # A tenant user's list in the same order; the list sorted by state, and the
+            # overview's count per state.
+            models.Index(fields=["tenant", "name", "id"], name="schedule_tenant_name"),
+            models.Index(fields=["state", "id"], name="schedule_admin_state"),
         ]
 
     def __str__(self) -> str:
@@ -333,6 +337,13 @@ class Occurrence(models.Model):
             models.Index(fields=["scheduled_for", "id"], name="occurrence_admin_time"),
             models.Index(
                 fields=["scheduled_for"], condition=Q(manual=True), name="occurrence_manual_time"
+            ),
+            # A tenant user's list, newest first; the overview's oldest pending occurrence.
+            models.Index(fields=["tenant", "scheduled_for", "id"], name="occurrence_tenant_time"),
+            models.Index(
+                fields=["available_at"],
+                condition=Q(state__in=["SCHEDULED", "ENQUEUED", "RETRY_WAIT"]),
+                name="occurrence_pending_due",
             ),
         ]
 

@@ -185,13 +185,17 @@ def overview(request: HttpRequest, model_admin: Any) -> TemplateResponse:
             (
                 state,
                 display.badge(state),
-                count,
+                f"{count}+" if f"state:{state}" in stats.capped else count,
                 round(100 * count / stats.max_state_count),
                 f"{occurrences_url}?state__exact={state}",
             )
             for state, count in stats.state_counts
         ],
-        "schedule_rows": [(s, display.badge(s), n) for s, n in stats.schedule_counts],
+        "schedule_rows": [
+            (s, display.badge(s), f"{n}+" if f"schedule:{s}" in stats.capped else n)
+            for s, n in stats.schedule_counts
+        ],
+        "dead_capped": "dead" in stats.capped,
         "chart": overview_stats.lag_chart_svg(stats.lag_by_minute, slo_seconds=display.SLO_SECONDS),
     }
     return TemplateResponse(request, "admin/django_app/overview.html", context)

@@ -65,9 +65,25 @@ def estimated_rows(queryset: QuerySet[Any]) -> int | None:
 
 
 class EstimatedCountPaginator(Paginator):
-    """Exact up to :data:`COUNT_CAP`, PostgreSQL's estimate beyond (``estimated`` says which)."""
+    """Exact up to :data:`COUNT_CAP`, PostgreSQL's estimate beyond (``estimated`` says which).
+
+    A page past the first is read in two steps: the primary keys of its rows (the sort's
+    index alone, ``(column, id)``, without visiting the rows it skips), then those rows.
+    ``OFFSET 100000`` over whole rows would fetch and drop a hundred thousand of them.
+    """
 
     estimated = False
+
+    def page(self, number: Any) -> Any:
+        queryset = self.object_list
+        number = self.validate_number(number)
+        if not isinstance(queryset, QuerySet) or number == 1:
+            return super().page(number)
+        bottom = (number - 1) * self.per_page
+        top = min(bottom + self.per_page, self.count)
+        keys = list(queryset.values_list("pk", flat=True)[bottom:top])
+        rows = {row.pk: row for row in queryset.filter(pk__in=keys).order_by()}
+        return self._get_page([rows[k] for k in keys if k in rows], number, self)
 
     @cached_property
     def count(self) -> int:

@@ -161,10 +161,13 @@ def test_sql_percentiles_equal_python_on_postgres(make_schedule: Any) -> None:
     for i in range(300):
         add_occurrence(schedule, minutes_ago=i * 0.15, lag=round(rng.expovariate(1.0), 3), now=now)
     qs = Occurrence.objects.all()
-    n_py, python, _ = lag_percentiles(qs, now, use_sql=False)
-    n_sql, sql, _ = lag_percentiles(qs, now, use_sql=True)
+    n_py, python, minutes_py = lag_percentiles(qs, now, use_sql=False)
+    n_sql, sql, minutes_sql = lag_percentiles(qs, now, use_sql=True)
     assert n_py == n_sql == 300
     assert sql == pytest.approx(python)
+    # The chart's worst lag per minute, too (computed in SQL on PostgreSQL).
+    assert [m for m, _ in minutes_sql] == [m for m, _ in minutes_py]
+    assert [v for _, v in minutes_sql] == pytest.approx([v for _, v in minutes_py])
     p50, p95, p99 = python
     assert p50 is not None
     assert p95 is not None

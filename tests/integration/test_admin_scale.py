@@ -1,4 +1,5 @@
-"""Every admin list page costs the same queries whatever the table sizes (issue 10 item 6).
+"""Every admin list page and the overview cost the same queries whatever the table sizes
+(issue 10 item 6).
 
 At a million schedules and ten million occurrences a page may only read what it shows: the
 query count of a list page must not grow with the rows (N rows and 3N rows: the same
@@ -81,7 +82,8 @@ def list_pages(first: Any, tenant: Any) -> list[str]:
         f"{SCHEDULES}?task=billing.ping",
         f"{SCHEDULES}?tag=team%3Da",
         f"{SCHEDULES}?q=report",
-        f"{SCHEDULES}?o=3",
+        f"{SCHEDULES}?o=4",  # next run (column 0 is the action checkbox)
+        f"{SCHEDULES}?o=-1",  # name, descending
         f"{SCHEDULES}?p=2",
         OCCURRENCES,
         *(f"{OCCURRENCES}?state__exact={s}" for s in ("DEAD", "RUNNING", "RETRY_WAIT", "MISSED")),
@@ -93,6 +95,7 @@ def list_pages(first: Any, tenant: Any) -> list[str]:
         f"{OCCURRENCES}?scheduled_for__year={today.year}",
         f"{OCCURRENCES}?scheduled_for__year={today.year}&scheduled_for__month={today.month}",
         f"{OCCURRENCES}?p=2",
+        reverse("admin:django_app_overview"),
     ]
 
 
@@ -139,7 +142,8 @@ def test_list_pages_cost_the_same_queries_at_n_and_3n_rows(
     for url, (queries, problems) in at_3n.items():
         assert not problems, (url, problems)
         assert queries == at_n[url][0], f"{url}: {at_n[url][0]} queries at N rows, {queries} at 3N"
-        assert queries <= 16, f"{url}: {queries} queries"
+        budget = 26 if "overview" in url else 16  # the overview: a bounded count per state
+        assert queries <= budget, f"{url}: {queries} queries"
 
 
 def test_a_long_list_says_its_count_is_an_estimate(
