@@ -83,7 +83,7 @@ class EstimatedCountPaginator(Paginator):
         top = min(bottom + self.per_page, self.count)
         keys = list(queryset.values_list("pk", flat=True)[bottom:top])
         rows = {row.pk: row for row in queryset.filter(pk__in=keys).order_by()}
-        return self._get_page([rows[k] for k in keys if k in rows], number, self)
+        return self._get_page([rows[k] for k in keys if k in rows], number, self)  # type: ignore[attr-defined]
 
     @cached_property
     def count(self) -> int:
