@@ -46,6 +46,34 @@ def item(n: int, prefix: str) -> dict[str, Any]:
     return value
 
 
+class Cpu:
+    """CPU seconds used by this process and by its PostgreSQL backend (same machine: the
+    backend's /proc stat), so the code's cost reads apart from what other processes take."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            self.pid = cursor.fetchone()[0]
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def read(self) -> tuple[float, float]:
+        try:
+            with open(f"/proc/{self.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            server = (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+        except OSError:
+            server = float("nan")
+        return time.process_time(), server
+
+    def per_row(self, start: tuple[float, float], rows: int) -> str:
+        client, server = (b - a for a, b in zip(start, self.read(), strict=True))
+        return (
+            f"cpu/row: client {client * 1e6 / rows:,.0f} us, server {server * 1e6 / rows:,.0f} us"
+        )
+
+
 def fresh_database(name: str) -> None:
     import psycopg
 
@@ -78,9 +106,11 @@ def main() -> None:
     api.create_schedule(name="warm", task="billing.ping", cron="* * * * *", tenant="bench")
 
     rows: list[tuple[str, str]] = []
+    cpu = Cpu()
 
     def single(label: str, prefix: str) -> None:
         items = [item(n, prefix) for n in range(args.single)]
+        start = cpu.read()
         t0 = time.perf_counter()
         for value in items:
             api.create_schedule(**value, tenant="bench")
@@ -88,7 +118,8 @@ def main() -> None:
         rows.append(
             (
                 label,
-                f"{args.single / elapsed:,.0f} rows/s  ({elapsed * 1e3 / args.single:.2f} ms each)",
+                f"{args.single / elapsed:,.0f} rows/s  ({elapsed * 1e3 / args.single:.2f} ms "
+                f"each; {cpu.per_row(start, args.single)})",
             )
         )
 
@@ -100,6 +131,7 @@ def main() -> None:
         cursor.execute("SET synchronous_commit = on")
 
     rates = []
+    batches_cpu = cpu.read()
     for b in range(5):
         items = [item(n, f"batch{b}") for n in range(args.batch)]
         t0 = time.perf_counter()
@@ -111,14 +143,16 @@ def main() -> None:
         (
             f"create_schedules, batch {args.batch:,} (x5)",
             f"{statistics.median(rates):,.0f} rows/s median  "
-            f"(min {min(rates):,.0f}, max {max(rates):,.0f})",
+            f"(min {min(rates):,.0f}, max {max(rates):,.0f}; "
+            f"{cpu.per_row(batches_cpu, 5 * args.batch)}, item building included)",
         )
     )
 
     loaded = 0
     build = 0.0
+    load_cpu = cpu.read()
     t0 = time.perf_counter()
-    while loaded < args.total:
+    while loaded < args.total:  # --total 0: no load
         size = min(args.batch, args.total - loaded)
         b0 = time.perf_counter()
         items = [item(n, "load") for n in range(loaded, loaded + size)]
@@ -127,17 +161,19 @@ def main() -> None:
         loaded += size
     wall = time.perf_counter() - t0
     load = wall - build
-    rows.append(
-        (
-            f"load {args.total:,} via create_schedules",
-            f"{timedelta(seconds=round(load))} ({args.total / load:,.0f} rows/s; "
-            f"+{build:.0f} s building the items)",
+    if args.total:
+        rows.append(
+            (
+                f"load {args.total:,} via create_schedules",
+                f"{timedelta(seconds=round(load))} ({args.total / load:,.0f} rows/s; "
+                f"+{build:.0f} s building the items; {cpu.per_row(load_cpu, args.total)})",
+            )
         )
-    )
 
     total = Schedule.objects.count()
     print(
-        f"PostgreSQL {connection.pg_version}, {os.cpu_count()} cores; "
+        f"PostgreSQL {connection.pg_version}, {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f}; "
         f"{total:,} schedules, {ScheduleVersion.objects.count():,} versions, "
         f"{ScheduleTag.objects.count():,} tags, {AuditEntry.objects.count():,} audit entries"
     )

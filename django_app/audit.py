@@ -38,7 +38,7 @@ def record(
     detail: dict[str, Any] | None = None,
     clock: Clock | None = None,
 ) -> AuditEntry:
-    """Write one entry (after the change it describes has committed)."""
+    """Write one entry: after the change it describes, or in its transaction (a create)."""
     if occurrence is not None and schedule is None:
         schedule = occurrence.schedule_id
     if schedule is None:
