@@ -63,8 +63,10 @@ PROGRESS_STAMP_INTERVAL = 1.0
 #: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
 #: first large burst after a start is planned early rather than late.
 ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 2_000
-#: Seconds between two readings of the schedules due within ``max_horizon_seconds``.
+#: Seconds between two readings of the schedules due within ``max_horizon_seconds``...
 HORIZON_REFRESH_SECONDS = 5.0
+#: ...or this many times what the last reading took, if longer.
+SIZING_COST_FACTOR = 20.0
 
 
 def ensure_django() -> None:
@@ -431,6 +433,7 @@ class DatabaseScheduler(beat.Scheduler):
             return self._horizon
         self._horizon_bounds = bounds
         rate = self.materialize_rate.rate
+        started = time.perf_counter()
         pending = count_due_schedules(
             until=self.clock.now() + timedelta(seconds=ceiling),
             shards=shards,
@@ -441,7 +444,10 @@ class DatabaseScheduler(beat.Scheduler):
             logger.debug("beat %s: horizon %.0fs (%d due, %.0f rows/s)", self.node, seconds,
                          pending, rate)  # fmt: skip
         self._horizon = timedelta(seconds=seconds)
-        self._next_horizon_sizing = self.clock.monotonic() + HORIZON_REFRESH_SECONDS
+        # A count over a large pending set is not free: keep it under ~5 % of the loop.
+        spent = time.perf_counter() - started
+        every = max(HORIZON_REFRESH_SECONDS, SIZING_COST_FACTOR * spent)
+        self._next_horizon_sizing = self.clock.monotonic() + every
         return self._horizon
 
     def _shard_leases(self) -> dict[int, int] | None:

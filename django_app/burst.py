@@ -233,7 +233,7 @@ class BurstRelay:
         mono = self.clock.monotonic()
         if mono < self._next_sizing:
             return self.lookahead
-        self._next_sizing = mono + LOOKAHEAD_REFRESH_SECONDS
+        started = time.perf_counter()
         floor, ceiling = self._floor.total_seconds(), self.max_lookahead.total_seconds()
         rate = self.prepare_rate.rate
         cap = min(pending_cap(rate, floor=floor, ceiling=ceiling), self.max_rows)
@@ -242,7 +242,10 @@ class BurstRelay:
         )
         if self.shards is not None:
             rows = rows.filter(shard__in=list(self.shards))
-        pending = rows.order_by()[:cap].count()
+        pending = rows.order_by().values("available_at")[:cap].count()
+        # A count over a large backlog is not free: keep it under ~5 % of the loop.
+        every = max(LOOKAHEAD_REFRESH_SECONDS, 20.0 * (time.perf_counter() - started))
+        self._next_sizing = mono + every
         seconds = lead_seconds(pending, rate, floor=floor, ceiling=ceiling)
         self.lookahead = timedelta(seconds=seconds)
         return self.lookahead
