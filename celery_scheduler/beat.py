@@ -63,6 +63,8 @@ PROGRESS_STAMP_INTERVAL = 1.0
 #: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
 #: first large burst after a start is planned early rather than late.
 ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 2_000
+#: Materializing passes at least this large log their rate at INFO (README "Capacity").
+STAGE_LOG_ROWS = 10_000
 #: Seconds between two readings of the schedules due within ``max_horizon_seconds``...
 HORIZON_REFRESH_SECONDS = 5.0
 #: ...or this many times what the last reading took, if longer.
@@ -411,6 +413,9 @@ class DatabaseScheduler(beat.Scheduler):
             if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
                 self._relay_poll(relay)
         self.materialize_rate.observe(rows, spent)
+        if rows >= STAGE_LOG_ROWS:
+            logger.info("beat %s: materialized %d row(s) in %.1fs (%.0f rows/s)", self.node,
+                        rows, spent, rows / spent if spent else 0.0)  # fmt: skip
 
     def _plan_horizon(self, shards: list[int] | None) -> timedelta:
         """How far ahead to materialize: ``horizon_seconds`` for a light load, up to

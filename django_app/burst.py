@@ -98,6 +98,8 @@ LOCK_ROWS_PER_SECOND = 20_000
 #: Claim + prepare rate assumed before one was measured (rows/s): low on purpose, so the
 #: first burst after a start is prepared early rather than late.
 ASSUMED_PREPARE_ROWS_PER_SECOND = 5_000
+#: Waves at least this large log the relay's per-stage rates at INFO.
+STAGE_LOG_ROWS = 10_000
 #: Seconds between two readings of the rows due within the largest lookahead.
 LOOKAHEAD_REFRESH_SECONDS = 5.0
 
@@ -470,6 +472,13 @@ class BurstRelay:
             "burst relay: %d row(s) due %s sent %.3f-%.3fs after due",
             len(wave.rows), wave.start.strftime("%H:%M:%S"), late, last,
         )  # fmt: skip
+        if len(wave.rows) >= STAGE_LOG_ROWS:
+            # The per-stage rates a capacity plan needs (README "Capacity"), for large waves.
+            logger.info(
+                "burst relay %s: stage rates (rows/s) %s",
+                self.token,
+                {k: v["rows_per_s"] for k, v in self.stats.rates().items()},
+            )
         logger.debug(
             "burst relay %s: wave of %d row(s) due %s: opened %.2fs before, locked in %.2fs, "
             "first accepted %.3fs after due, last %.3fs after; stages %s",
