@@ -195,3 +195,29 @@ def test_the_date_drill_down_offers_the_days_between_the_bounds(
     for day in (12, 13, 14, 15):
         assert f"scheduled_for__day={day}" in html
     assert "scheduled_for__day=16" not in html
+
+
+def test_occurrence_search_matches_id_schedule_name_and_task(
+    login: Any, make_schedule: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search reads the schedule terms first; what it finds is what Django's would."""
+    from django_app.admin import occurrences
+
+    nightly = make_schedule("acme", name="nightly export", interval=30)
+    hourly = make_schedule("acme", name="hourly digest", interval=60)
+    a = add_occurrence(nightly, minutes_ago=5)
+    b = add_occurrence(hourly, minutes_ago=6)
+    client = login("acme")
+
+    def found(q: str) -> set[str]:
+        html = client.get(OCCURRENCES, {"q": q}).content.decode()
+        return {o.pk.hex[:8] for o in (a, b) if str(o.pk)[:8] in html}
+
+    for many in (False, True):  # ids inline, and the subquery past MAX_NAMED_SCHEDULES
+        monkeypatch.setattr(occurrences, "MAX_NAMED_SCHEDULES", 0 if many else 1000)
+        assert found("export") == {a.pk.hex[:8]}
+        assert found("DIGEST hourly") == {b.pk.hex[:8]}
+        assert found("billing.ping") == {a.pk.hex[:8], b.pk.hex[:8]}  # the task
+        assert found("export digest") == set()  # every term must match
+        assert found(str(b.pk)) == {b.pk.hex[:8]}
+        assert found(f"{b.pk} hourly") == {b.pk.hex[:8]}
