@@ -195,8 +195,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             except ValueError:
                 by_schedule &= names
                 continue
-            named = Schedule.objects.filter(names).values("pk")
-            queryset = queryset.filter(Q(pk=occurrence_id) | Q(schedule_id__in=named))
+            also_named = Schedule.objects.filter(names).values("pk")
+            queryset = queryset.filter(Q(pk=occurrence_id) | Q(schedule_id__in=also_named))
         if by_schedule:
             named = Schedule.objects.filter(by_schedule)
             # A few named schedules: their ids, so the database walks their occurrences by
