@@ -69,6 +69,9 @@ STAGE_LOG_ROWS = 10_000
 HORIZON_REFRESH_SECONDS = 5.0
 #: ...or this many times what the last reading took, if longer.
 SIZING_COST_FACTOR = 20.0
+#: Seconds between two counts of the outbox backlog (the ``outbox_backlog`` gauge): one
+#: indexed count, not one per poll; Prometheus scrapes every 15 s or so anyway.
+BACKLOG_EXPORT_INTERVAL = 5.0
 
 
 def ensure_django() -> None:
@@ -127,6 +130,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._synced = False
         self._next_poll = 0.0
         self._next_redelivery = 0.0
+        self._next_backlog_export = 0.0
         self._last_relay_poll = 0.0
         self.materialize_rate = RateMeter(assumed=ASSUMED_MATERIALIZE_ROWS_PER_SECOND)
         self._horizon: timedelta | None = None
@@ -324,6 +328,18 @@ class DatabaseScheduler(beat.Scheduler):
             self._reap_expired_leases()
             self._redeliver_lost()
             self._relay_poll(relay)
+            self._export_backlog()
+
+    def _export_backlog(self) -> None:
+        """Set the ``outbox_backlog`` gauge, every ``BACKLOG_EXPORT_INTERVAL`` seconds."""
+        from celery_scheduler import metrics
+
+        if not metrics.is_enabled() or self.clock.monotonic() < self._next_backlog_export:
+            return
+        self._next_backlog_export = self.clock.monotonic() + BACKLOG_EXPORT_INTERVAL
+        from django_app import observe
+
+        observe.export_outbox_backlog(self.clock.now())
 
     def _reap_expired_leases(self) -> None:
         """Occurrences whose worker lease expired go back through the outbox (same id).

@@ -14,6 +14,7 @@ an unknown name or wrong labels raise :class:`MetricError` at runtime.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 from wsgiref.simple_server import WSGIServer
@@ -117,8 +118,12 @@ _HISTOGRAMS: dict[str, _Spec] = {
     "schedule_lag_seconds": _Spec(
         "enqueued_at - scheduled_for for each published occurrence.", ("tenant",)
     ),
-    "queue_age_seconds": _Spec("Time from enqueue to a worker's claim."),
-    "state_seconds": _Spec("Time an occurrence spent in a state before leaving it.", ("state",)),
+    "queue_age_seconds": _Spec(
+        "Time from the publish of an occurrence's message to a worker's claim.", ("tenant",)
+    ),
+    "state_seconds": _Spec(
+        "Time an occurrence spent in a state before leaving it.", ("tenant", "state")
+    ),
 }
 
 _SPECS = {**_COUNTERS, **_GAUGES, **_HISTOGRAMS}
@@ -181,6 +186,12 @@ class Metrics:
 
     def observe(self, name: HistogramName, value: float, **labels: str) -> None:
         _child(self._histograms, "histogram", name, labels).observe(value)
+
+    def observe_many(self, name: HistogramName, values: Iterable[float], **labels: str) -> None:
+        """Observe each of ``values`` under one label set (the labels are resolved once)."""
+        child = _child(self._histograms, "histogram", name, labels)
+        for value in values:
+            child.observe(value)
 
     def value(self, sample: str, **labels: str) -> float | None:
         """A sample's current value by its full exposed name (for tests and health checks)."""
@@ -249,6 +260,12 @@ def set_gauge(name: GaugeName, value: float, **labels: str) -> None:
 def observe(name: HistogramName, value: float, **labels: str) -> None:
     if _enabled:
         get_metrics().observe(name, value, **labels)
+
+
+def observe_many(name: HistogramName, values: Iterable[float], **labels: str) -> None:
+    """:func:`observe` for many values of one label set (a relay's batch): ~4x cheaper each."""
+    if _enabled:
+        get_metrics().observe_many(name, values, **labels)
 
 
 def observe_lag(tenant: str, seconds: float) -> None:

@@ -332,6 +332,14 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         fault_point("relay.before_mark")
         sent_at = clock.now()
         observe.published(((m.tenant, m.scheduled_for) for _, m in to_send), sent_at)
+        observe.left_scheduled(
+            (
+                (m.tenant, by_id[row.occurrence_id].created_at)
+                for row, m in to_send
+                if by_id[row.occurrence_id].state == OccurrenceState.SCHEDULED.value
+            ),
+            sent_at,
+        )
         marked = OutboxEntry.objects.filter(
             id__in=[row.id for row, _ in to_send], sent_at__isnull=True
         ).update(sent_at=sent_at, publish_count=F("publish_count") + 1, claim_expires_at=None)

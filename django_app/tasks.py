@@ -30,7 +30,7 @@ from celery_scheduler.core import retry
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
 from celery_scheduler.tasks import occurrence_context
-from django_app import conf, worker
+from django_app import conf, observe, worker
 from django_app.connections import reset_after_error
 from django_app.idempotency import as_json
 
@@ -160,12 +160,13 @@ def execute(
     target = app.tasks.get(task)
     if target is None:
         error = f"UnknownTask: no task {task!r} is registered in this worker"
-        _finish(
+        if _finish(
             "failure",
             lambda: worker.fail(occurrence_id, token, error, clock=clock),
             occurrence_id,
             clock,
-        )
+        ):
+            _ran(claimed, clock)
         return {"outcome": "DEAD", "reason": error}
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
@@ -196,6 +197,8 @@ def execute(
             occurrence_id,
             clock,
         )
+        if ok:
+            _ran(claimed, clock)
         outcome = ("RETRY_WAIT" if retry_at else "DEAD") if ok else "STALE_WRITE"
         return {
             "outcome": outcome, "reason": decision.reason, "token": token,
@@ -211,7 +214,16 @@ def execute(
         occurrence_id,
         clock,
     )
+    if ok:
+        _ran(claimed, clock)
     return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
+
+
+def _ran(claimed: worker.ClaimResult, clock: Clock) -> None:
+    """``state_seconds{state="RUNNING"}``: the claim's time to the committed finish."""
+    if claimed.started_at is not None:
+        seconds = (clock.now() - claimed.started_at).total_seconds()
+        observe.left_state(claimed.tenant, "RUNNING", seconds)
 
 
 def _jsonable(value: Any) -> Any:

@@ -133,3 +133,32 @@ def test_beat_and_a_prefork_worker_serve_metrics(redis_url: str, tmp_path: Path)
             if not spec.labels:  # labelled series appear once a child has a sample
                 assert f"# HELP {metrics.PREFIX}{name} " in worker_scrape, name
         assert get(worker_port, "/healthz")[0] == 200
+        # The default path's timings, from the real processes: the worker observed each
+        # claim's queue age and each run, the beat each publish and its time SCHEDULED.
+        for name, labels in [
+            ("celery_scheduler_queue_age_seconds_count", {"tenant": "default"}),
+            ("celery_scheduler_state_seconds_count", {"tenant": "default", "state": "ENQUEUED"}),
+            ("celery_scheduler_state_seconds_count", {"tenant": "default", "state": "RUNNING"}),
+        ]:
+            assert labelled(worker_scrape, name, labels) == RUNS, (name, labels)
+        beat_scrape = get(beat_port, "/metrics")[1]
+        assert sample(beat_scrape, "celery_scheduler_published_total") >= RUNS
+        for name, labels in [
+            ("celery_scheduler_schedule_lag_seconds_count", {"tenant": "default"}),
+            ("celery_scheduler_state_seconds_count", {"tenant": "default", "state": "SCHEDULED"}),
+        ]:
+            assert labelled(beat_scrape, name, labels) >= RUNS, (name, labels)
+        assert re.search(r"^celery_scheduler_outbox_backlog \S+$", beat_scrape, re.MULTILINE)
+
+
+def labelled(text: str, name: str, labels: dict[str, str]) -> float:
+    """A labelled sample's value in a scrape, whatever the order of its labels (0 if absent)."""
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if found == labels:
+            return float(value)
+    return 0.0

@@ -156,3 +156,23 @@ def test_setup_syncs_static_beat_schedule_idempotently(app: Celery, clock: Froze
     scheduler(app, clock, RecordingPublisher())
     every.refresh_from_db()
     assert (every.interval_seconds, every.version) == (20, 2)
+
+
+def test_the_loop_exports_the_outbox_backlog(app: Celery, clock: FrozenClock) -> None:
+    """A tenant capped at one trigger a second leaves due rows unsent: the gauge shows them."""
+    from celery_scheduler import metrics
+    from django_app.models import Tenant
+
+    metrics.reset()
+    Tenant.objects.create(slug="slow", max_trigger_rate=1)
+    for i in range(20):
+        api.create_schedule(tenant="slow", name=f"n{i}", task="billing.ping",
+                            run_at=NOW + timedelta(seconds=1), clock=clock)  # fmt: skip
+    s = scheduler(app, clock, RecordingPublisher(), poll_interval=1.0)
+    run_ticks(s, clock, 6.5)  # past one export interval (5 s) after the rows came due
+    due_unsent = OutboxEntry.objects.filter(sent_at__isnull=True, available_at__lte=clock.now())
+    assert 0 < due_unsent.count() < 20
+    exported = metrics.registry().get_sample_value("celery_scheduler_outbox_backlog")
+    # Counted at the last export (at most 5 s ago, one row a second published since).
+    assert due_unsent.count() <= exported <= due_unsent.count() + 5
+    s.close()

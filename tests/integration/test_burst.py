@@ -305,3 +305,28 @@ def test_cancel_racing_a_held_wave_waits_for_its_commit() -> None:
     again = TimedPublisher(clock)
     relay_due(clock=FrozenClock(NOW + timedelta(minutes=5)), publisher=again)
     assert again.sent == []
+
+
+def test_a_wave_counts_publishes_and_observes_lag_and_time_scheduled() -> None:
+    """The burst relay is the default on PostgreSQL + Redis: it feeds the SLO metrics too."""
+    from celery_scheduler import metrics
+
+    metrics.reset()
+    clock = FrozenClock(NOW - timedelta(seconds=20))
+    seed(clock, [(NOW, 30)])
+    Occurrence.objects.update(created_at=NOW - timedelta(seconds=20))  # the frozen clock's
+    relay = BurstRelay(clock=clock, publisher=RecordingPublisher(), node="n1")
+    assert relay.poll().held == 30
+    drive(relay, clock)
+    assert OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry().get_sample_value(f"celery_scheduler_{name}", labels)
+
+    assert sample("published_total") == 30
+    assert sample("schedule_lag_seconds_count", tenant="default") == 30
+    assert sample("schedule_lag_seconds_sum", tenant="default") == pytest.approx(0.0, abs=1)
+    assert sample("state_seconds_count", tenant="default", state="SCHEDULED") == 30
+    assert sample("state_seconds_sum", tenant="default", state="SCHEDULED") == pytest.approx(
+        30 * 20.0, abs=30
+    )

@@ -88,9 +88,11 @@ def test_lag_histogram_buckets_cover_10ms_to_10min_per_tenant() -> None:
     )
 
 
-def test_state_time_histogram_takes_a_state_label() -> None:
-    metrics.observe("state_seconds", 2.0, state="ENQUEUED")
-    assert sample("celery_scheduler_state_seconds_count", state="ENQUEUED") == 1
+def test_state_time_histogram_takes_tenant_and_state_labels() -> None:
+    metrics.observe("state_seconds", 2.0, tenant="acme", state="ENQUEUED")
+    assert sample("celery_scheduler_state_seconds_count", tenant="acme", state="ENQUEUED") == 1
+    with pytest.raises(metrics.MetricError, match="takes labels"):
+        metrics.observe("state_seconds", 2.0, state="ENQUEUED")
 
 
 @pytest.mark.parametrize(
