@@ -329,7 +329,10 @@ class Occurrence(models.Model):
         indexes = [
             models.Index(fields=["schedule", "state"], name="occurrence_schedule_state"),
             models.Index(fields=["state", "scheduled_for"], name="occurrence_state_time"),
-            models.Index(fields=["tenant", "state"], name="occurrence_tenant_state"),
+            # Per tenant and state (running counts), and in time (the overview's day counts).
+            models.Index(
+                fields=["tenant", "state", "scheduled_for"], name="occurrence_tenant_state_time"
+            ),
             # The reconciler's window read: one chunk of schedules, a time range, in order.
             models.Index(fields=["schedule", "scheduled_for"], name="occurrence_schedule_time"),
             # The admin list: newest first (id breaks ties in the same direction), and its
@@ -344,6 +347,18 @@ class Occurrence(models.Model):
                 fields=["available_at"],
                 condition=Q(state__in=["SCHEDULED", "ENQUEUED", "RETRY_WAIT"]),
                 name="occurrence_pending_due",
+            ),
+            # The overview's lag samples: the newest enqueued occurrences, without stepping
+            # over the planned ones that are not sent yet.
+            models.Index(
+                fields=["scheduled_for"],
+                condition=Q(enqueued_at__isnull=False),
+                name="occurrence_enqueued_time",
+            ),
+            models.Index(
+                fields=["tenant", "scheduled_for"],
+                condition=Q(enqueued_at__isnull=False),
+                name="occurrence_tenant_enqueued",
             ),
         ]
 

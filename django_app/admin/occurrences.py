@@ -198,7 +198,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             also_named = Schedule.objects.filter(names).values("pk")
             queryset = queryset.filter(Q(pk=occurrence_id) | Q(schedule_id__in=also_named))
         if by_schedule:
-            named = Schedule.objects.filter(by_schedule)
+            named = Schedule.objects.filter(by_schedule).order_by()  # any order: no sort
             # A few named schedules: their ids, so the database walks their occurrences by
             # index instead of hashing the term's schedules against every occurrence.
             ids = list(named.values_list("pk", flat=True)[: MAX_NAMED_SCHEDULES + 1])

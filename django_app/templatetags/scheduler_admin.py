@@ -44,13 +44,18 @@ class _BoundedQuerySet:
 
     def __init__(self, queryset: QuerySet[Any]) -> None:
         self._queryset = queryset
+        self._found: dict[str, Any] | None = None
 
     def aggregate(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return self._queryset.aggregate(*args, **kwargs)
+        found = self._queryset.aggregate(*args, **kwargs)
+        if not args and set(kwargs) == {"first", "last"}:
+            self._found = found  # Django's own MIN/MAX of the field: the bounds, once
+        return found
 
     def _bounds(self, field: str) -> tuple[Any, Any]:
-        found = self._queryset.aggregate(first=Min(field), last=Max(field))
-        return found["first"], found["last"]
+        if self._found is None:
+            self._found = self._queryset.aggregate(first=Min(field), last=Max(field))
+        return self._found["first"], self._found["last"]
 
     def datetimes(self, field: str, kind: str) -> list[datetime]:
         first, last = self._bounds(field)
