@@ -73,10 +73,11 @@ class SchedulerSettings:
     #: Beat uses django_app.burst.BurstRelay: claims and prepares rows due within
     #: ``burst_lookahead_seconds``, locks them ``burst_hold_seconds`` before their time,
     #: publishes them pipelined at their time and marks them sent in bulk. ``"auto"``
-    #: (default): on for PostgreSQL with a ``redis://``/``rediss://`` broker (where the
-    #: pipelined fast publisher applies), elsewhere the kombu LookaheadRelay; True/1 forces
-    #: it on PostgreSQL with any broker; False/0 pins the LookaheadRelay. Read with
-    #: :func:`burst_relay_enabled`.
+    #: (default): on for PostgreSQL with a ``redis://``/``rediss://`` broker or an
+    #: ``amqp://``/``pyamqp://``/``amqps://`` one (RabbitMQ), where a pipelined fast
+    #: publisher applies (one broker URL, not a failover list); elsewhere the
+    #: LookaheadRelay; True/1 forces it on PostgreSQL with any broker; False/0 pins the
+    #: LookaheadRelay. Read with :func:`burst_relay_enabled`.
     burst_relay: bool | int | str = "auto"
     burst_lookahead_seconds: int = 30
     #: The burst relay's lookahead grows from ``burst_lookahead_seconds`` up to this when
@@ -130,9 +131,9 @@ def burst_relay_enabled(vendor: str, broker_url: object) -> bool:
     """Whether beat relays through BurstRelay (database ``vendor``, the app's broker URL)."""
     if vendor != "postgresql":
         return False
-    redis = (
+    fast = (
         isinstance(broker_url, str)
-        and broker_url.startswith(("redis://", "rediss://"))
+        and broker_url.startswith(("redis://", "rediss://", "amqp://", "pyamqp://", "amqps://"))
         and ";" not in broker_url  # a failover list: kombu picks the server
     )
-    return _switch("burst_relay", get().burst_relay, auto=redis)
+    return _switch("burst_relay", get().burst_relay, auto=fast)

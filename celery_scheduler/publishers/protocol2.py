@@ -224,6 +224,13 @@ class TaskMessages:
     def _resolve_route(self, message: OccurrenceMessage) -> Route:
         options = self._router.route_for(message)
         queue = options.get("queue")
+        if isinstance(queue, str):
+            # A schedule's explicit queue comes as a name; send_task_message looks it up
+            # the same way (``amqp.queues[name]``, created if missing when Celery may).
+            try:
+                queue = self.app.amqp.queues[queue]
+            except KeyError:  # task_create_missing_queues off: kombu raises its own error
+                return Route(queue=queue, key=None, delivery_mode=None)
         name = getattr(queue, "name", None)
         exchange = getattr(queue, "exchange", None)
         # Celery: an explicit delivery_mode (the task's) wins over the exchange's.

@@ -1,4 +1,5 @@
-"""Which paths run by default: set-based materializer and burst relay on PostgreSQL + Redis."""
+"""Which paths run by default: set-based materializer and burst relay on PostgreSQL + Redis
+or RabbitMQ."""
 
 from __future__ import annotations
 
@@ -44,15 +45,21 @@ def test_bulk_materialize_default_is_on_for_postgresql_only(
     [
         ({}, "postgresql", REDIS, True),
         ({}, "postgresql", "rediss://h:6380/0", True),
-        ({}, "postgresql", AMQP, False),
+        ({}, "postgresql", AMQP, True),
+        ({}, "postgresql", "pyamqp://guest@127.0.0.1//", True),
+        ({}, "postgresql", "amqps://guest@rabbit:5671//", True),
+        ({}, "postgresql", f"{AMQP};amqp://guest@other:5672//", False),  # failover list
+        ({}, "postgresql", "sqla+sqlite:///broker.db", False),
+        ({}, "sqlite", AMQP, False),
         ({}, "postgresql", f"{REDIS};redis://other:6379/9", False),  # failover list
         ({}, "sqlite", REDIS, False),
-        ({"burst_relay": True}, "postgresql", AMQP, True),
+        ({"burst_relay": True}, "postgresql", "sqla+sqlite:///broker.db", True),
+        ({"burst_relay": False}, "postgresql", AMQP, False),
         ({"burst_relay": 1}, "sqlite", REDIS, False),
         ({"burst_relay": False}, "postgresql", REDIS, False),
     ],
 )
-def test_burst_relay_default_is_on_for_postgresql_with_redis(
+def test_burst_relay_default_is_on_for_postgresql_with_redis_or_rabbitmq(
     setting: dict[str, Any], vendor: str, broker: str, expected: bool
 ) -> None:
     with override_settings(CELERY_SCHEDULER=setting):
