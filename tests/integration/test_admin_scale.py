@@ -216,7 +216,7 @@ def test_occurrence_search_matches_id_schedule_name_and_task(
     for many in (False, True):  # ids inline, and the subquery past MAX_NAMED_SCHEDULES
         monkeypatch.setattr(occurrences, "MAX_NAMED_SCHEDULES", 0 if many else 1000)
         assert found("export") == {a.pk.hex[:8]}
-        assert found("DIGEST hourly") == {b.pk.hex[:8]}
+        assert found("digest hourly") == {b.pk.hex[:8]}
         assert found("billing.ping") == {a.pk.hex[:8], b.pk.hex[:8]}  # the task
         assert found("export digest") == set()  # every term must match
         assert found(str(b.pk)) == {b.pk.hex[:8]}
