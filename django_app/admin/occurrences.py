@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 
 from celery_scheduler.core.enums import OccurrenceState
 from django_app.admin import actions, display, scale
-from django_app.admin.tenancy import TenantScopedAdmin
+from django_app.admin.tenancy import TenantScopedAdmin, scope
 from django_app.models import Attempt, Occurrence, Schedule
 
 #: Quick views above the occurrence list: (label, state filter or None for all).
@@ -198,7 +198,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             also_named = Schedule.objects.filter(names).values("pk")
             queryset = queryset.filter(Q(pk=occurrence_id) | Q(schedule_id__in=also_named))
         if by_schedule:
-            named = Schedule.objects.filter(by_schedule).order_by()  # any order: no sort
+            # Only the user's schedules can own their occurrences; any order: no sort.
+            named = scope(request, Schedule.objects.filter(by_schedule)).order_by()
             # A few named schedules: their ids, so the database walks their occurrences by
             # index instead of hashing the term's schedules against every occurrence.
             ids = list(named.values_list("pk", flat=True)[: MAX_NAMED_SCHEDULES + 1])
