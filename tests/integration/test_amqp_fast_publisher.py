@@ -33,11 +33,8 @@ from celery_scheduler.publishers.celery import CeleryPublisher
 from tests.conftest import require_service
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
-#: A vhost of the test's own (``rabbitmqctl add_vhost``): queues are declared and purged.
-RABBITMQ_URL = os.environ.get(
-    "TEST_RABBITMQ_FAST_URL",
-    os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"),
-)
+#: Queues of the tests' own names are declared there and deleted afterwards.
+RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 pytestmark = pytest.mark.rabbitmq
 
 
