@@ -221,3 +221,19 @@ def test_occurrence_search_matches_id_schedule_name_and_task(
         assert found("export digest") == set()  # every term must match
         assert found(str(b.pk)) == {b.pk.hex[:8]}
         assert found(f"{b.pk} hourly") == {b.pk.hex[:8]}
+
+
+@pytest.mark.parametrize("order", ["", "-1"])
+def test_a_search_lists_its_matches_in_name_order(
+    order: str, login: Any, make_schedule: Any
+) -> None:
+    """A search with few matches sorts them by ``name || ''`` (no index walk): same order."""
+    for name in ("beta report", "alpha report", "gamma report", "delta other"):
+        make_schedule("acme", name=name, interval=30)
+    params = {"q": "report", **({"o": order} if order else {})}
+    html = login("acme").get(SCHEDULES, params).content.decode()
+    found = [n for n in ("alpha report", "beta report", "gamma report") if n in html]
+    assert found == ["alpha report", "beta report", "gamma report"]
+    positions = [html.index(n) for n in found]
+    assert positions == sorted(positions, reverse=bool(order))
+    assert "delta other" not in html
