@@ -9,6 +9,9 @@ SIGKILL (not an exception) because the claim under test is "a process that dies 
 running any cleanup loses nothing": ``finally`` blocks, atexit hooks and open transactions
 must not get a chance to tidy up. The variable is read once per process, so an unarmed point
 costs one comparison.
+
+``CELERY_SCHEDULER_FAULT_SIGNAL=STOP`` sends SIGSTOP instead: the process freezes at that
+step with whatever it holds (a stalled VM, a GC pause), until someone sends SIGCONT.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ KNOWN_POINTS = frozenset(
     {
         "materialize.before_insert",
         "materialize.after_commit",
+        "relay.before_publish",
         "relay.after_publish",
         "relay.before_mark",
         "worker.after_effect",
@@ -81,4 +85,5 @@ def fault_point(name: str) -> None:
         _hits += 1
         fire = _hits == armed[1]
     if fire:
-        os.kill(os.getpid(), signal.SIGKILL)
+        stop = os.environ.get(ENV_VAR + "_SIGNAL", "").strip().upper() == "STOP"
+        os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)

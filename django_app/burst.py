@@ -439,6 +439,8 @@ class BurstRelay:
         invalidated = self._drop(drop, stale, now)
         self.stats.add("lock", len(wave.rows), started)
         locked_at = self.clock.now()
+        if send:
+            fault_point("relay.before_publish")
         accepted, late = self._publish_at_times(send)
         release.extend(r.outbox_id for r in late)
         fault_point("relay.after_publish")

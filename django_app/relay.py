@@ -207,8 +207,8 @@ def _restore_session_bounds(outermost: bool) -> None:
 
 def _keepalive() -> None:
     """A no-op statement: keeps a held transaction's session from counting as idle, and
-    fails at once if PostgreSQL already ended it (the caller then publishes nothing)."""
-    if connection.vendor == "postgresql" and connection.in_atomic_block:
+    fails at once if the server already ended it (the caller then publishes nothing)."""
+    if connection.vendor in ("postgresql", "mysql") and connection.in_atomic_block:
         with connection.cursor() as cur:
             cur.execute("SELECT 1")
 
@@ -323,6 +323,11 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         )
     marked = 0
     if to_send:
+        fault_point("relay.before_publish")
+        # A process stopped in this transaction (SIGSTOP, a frozen VM) past the idle bound
+        # wakes up without its session, and its rows went to another relay: this statement
+        # fails then, before anything reaches the broker a second time.
+        _keepalive()
         try:
             publisher.publish([message for _, message in to_send])
         except Exception:

@@ -95,3 +95,76 @@ def test_a_stopped_beats_claims_are_published_by_the_other_beat_within_the_bound
     on_broker = Counter(support.broker_task_ids(redis_url))
     assert set(on_broker) == {str(i) for i in Occurrence.objects.values_list("id", flat=True)}
     assert set(on_broker.values()) == {1}, on_broker
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "T"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_beat_stopped_inside_its_publishing_transaction_loses_its_session(
+    redis_url: str, tmp_path: Path, settings: Any
+) -> None:
+    """The relay transaction itself is frozen: its rows are locked, not only claimed.
+
+    Beat 0 claims the rows ahead (it runs alone until then), then stops itself (SIGSTOP at
+    fault point ``relay.before_publish``) at their time with its batch's outbox and
+    occurrence rows locked. The database must end that session after
+    ``claim_grace_seconds`` (PostgreSQL ``idle_in_transaction_session_timeout``, MariaDB
+    ``idle_transaction_timeout``) so that beat 1, started once the rows were claimed,
+    publishes them while beat 0 is still stopped; resumed, beat 0 must not publish them
+    again.
+    """
+    settings.CELERY_SCHEDULER = {"shard_count": 8}
+    env = support.process_env(redis_url, CELERY_SCHEDULER_SHARDS="8")
+    stopping = support.start_beat(
+        {**env, "CELERY_SCHEDULER_FAULT_SIGNAL": "STOP"}, tmp_path / "beat0.log",
+        fault="relay.before_publish",
+    )  # fmt: skip
+    with support.running(stopping):
+        support.wait_until(
+            lambda: BeatNode.objects.count() == 1, timeout=90, what="beat 0 to heartbeat"
+        )
+        due = SYSTEM_CLOCK.now() + timedelta(seconds=15)
+        for i in range(ROWS):
+            api.create_schedule(name=f"strict-{i}", task="billing.ping", run_at=due)
+        mine = OutboxEntry.objects.filter(claimed_by__contains=f":{stopping.pid}/")
+        try:
+            support.wait_until(
+                lambda: mine.count() == ROWS,
+                timeout=(due - SYSTEM_CLOCK.now()).total_seconds() + 1,
+                what="beat 0 to claim every row ahead",
+            )
+        except AssertionError:
+            rows = list(OutboxEntry.objects.values_list("claimed_by", "sent_at", "available_at"))
+            print(rows, support.tail(tmp_path / "beat0.log"))
+            raise
+        with support.running(support.start_beat(env, tmp_path / "beat1.log")):
+            support.wait_until(
+                lambda: _stopped(stopping.pid), timeout=30, what="beat 0 to stop in its publish"
+            )
+            try:
+                support.wait_until(
+                    lambda: OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0,
+                    timeout=STALL,
+                    what="every row to be published while beat 0 is stopped",
+                )
+                published_at = SYSTEM_CLOCK.now()
+            finally:
+                remaining = STALL - (SYSTEM_CLOCK.now() - due).total_seconds()
+                time.sleep(max(0.0, remaining))
+                stopping.send_signal(signal.SIGCONT)
+            time.sleep(3)  # the resumed beat must not publish its rows again
+    lags = sorted(
+        (o.outbox.sent_at - o.available_at).total_seconds()
+        for o in Occurrence.objects.select_related("outbox")
+    )
+    print(f"lags (s), beat 1 started after the claims: {[round(x, 2) for x in lags]}")
+    assert len(lags) == ROWS
+    # Published while beat 0 was still stopped: the server, not the resume, freed the rows.
+    assert published_at < due + timedelta(seconds=STALL), support.tail(tmp_path / "beat1.log")
+    on_broker = Counter(support.broker_task_ids(redis_url))
+    assert set(on_broker) == {str(i) for i in Occurrence.objects.values_list("id", flat=True)}
+    assert set(on_broker.values()) == {1}, (on_broker, support.tail(tmp_path / "beat0.log"))
