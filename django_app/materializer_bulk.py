@@ -34,7 +34,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from celery_scheduler.core.clock import Clock
-from celery_scheduler.core.enums import MisfirePolicy, ScheduleState
+from celery_scheduler.core.enums import MisfirePolicy, ScheduleKind, ScheduleState
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
@@ -199,11 +199,12 @@ def _write_batch(
     seen = sum(s.shard not in fenced for s in read) + len(fenced)
     invalid = 0
     planned: list[_Planned] = []
+    memo: dict[tuple[Any, ...], PassPlan] = {}
     for schedule in read:
         if schedule.shard in fenced:
             continue
         try:
-            plan = _plan(schedule, now=now, until=until, max_missed=max_missed)
+            plan = _plan(schedule, now=now, until=until, max_missed=max_missed, memo=memo)
         except (SchedulerError, ValueError) as exc:
             # Park it (the row is locked and its shard fenced by this batch) instead of
             # re-planning and logging it on every pass.
@@ -257,7 +258,32 @@ def _write_batch(
     )
 
 
-def _plan(schedule: Schedule, *, now: datetime, until: datetime, max_missed: int) -> PassPlan:
+def _plan(
+    schedule: Schedule,
+    *,
+    now: datetime,
+    until: datetime,
+    max_missed: int,
+    memo: dict[tuple[Any, ...], PassPlan],
+) -> PassPlan:
+    """The schedule's pass plan; ``memo`` shares it between the batch's schedules with the
+    same timing and cursor (plans are pure and read-only: the top of the hour is mostly
+    a few expressions, such as ``0 * * * *``, over and over)."""
+    assert schedule.next_run_at is not None
+    # created_at only anchors an interval without start_at (single.trigger_for).
+    anchor = schedule.created_at if schedule.kind == ScheduleKind.INTERVAL.value else None
+    key = (
+        schedule.kind, schedule.cron, schedule.timezone, schedule.interval_seconds,
+        schedule.start_at, anchor, schedule.run_at, schedule.end_at,
+        schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_seconds,
+        schedule.catchup_cap,
+    )  # fmt: skip
+    if key not in memo:
+        memo[key] = _plan_one(schedule, now=now, until=until, max_missed=max_missed)
+    return memo[key]
+
+
+def _plan_one(schedule: Schedule, *, now: datetime, until: datetime, max_missed: int) -> PassPlan:
     assert schedule.next_run_at is not None
     return plan_pass(
         single.trigger_for(schedule),

@@ -38,6 +38,8 @@ CRONS = [
     ("*/7 1-3 * * *", "Europe/London"),
     ("15 20 * * *", "America/New_York"),
 ]
+#: Cursor offsets from NOW that many random schedules share.
+SHARED_OFFSETS = [-3600, -600, -60, 60, 120]
 
 
 class _Undo(Exception):
@@ -48,12 +50,16 @@ def random_schedule(rng: random.Random, tenant: Tenant) -> Schedule:
     sid = uuid.UUID(int=rng.getrandbits(128), version=4)
     kind = rng.choice(["CRON", "CRON", "INTERVAL", "ONE_OFF", "ONE_OFF"])
     fields: dict[str, Any] = {"kind": kind}
-    cursor = NOW + timedelta(seconds=rng.randint(-4 * 3600, 3 * 60))
+    # Half the cursors from a small grid: schedules sharing timing and cursor (the top of
+    # the hour) share one plan in the bulk path, which must not conflate different ones.
+    offset = rng.choice(SHARED_OFFSETS) if rng.random() < 0.5 else None
+    cursor = NOW + timedelta(seconds=offset or rng.randint(-4 * 3600, 3 * 60))
     if kind == "CRON":
         fields["cron"], fields["timezone"] = rng.choice(CRONS)
     elif kind == "INTERVAL":
         fields["interval_seconds"] = rng.choice([30, 45, 60, 600, 3600])
-        fields["start_at"] = cursor - timedelta(seconds=rng.randint(0, 900))
+        if rng.random() < 0.5:  # else anchored on created_at
+            fields["start_at"] = cursor - timedelta(seconds=rng.randint(0, 900))
     else:
         fields["run_at"] = cursor = NOW + timedelta(seconds=rng.randint(-2 * 3600, 5 * 60))
     if kind != "ONE_OFF" and rng.random() < 0.2:
