@@ -163,6 +163,55 @@ def test_bulk_path_writes_exactly_what_the_per_schedule_path_writes(seed: int) -
     assert bulk_report == single_report
 
 
+#: Each differs from BASE in one input of the plan; all share the cursor NOW - 30 min.
+VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"cron": "*/5 * * * *"},
+    {"timezone": "Asia/Kolkata"},
+    {"misfire_policy": "CATCH_UP"},
+    {"misfire_policy": "CATCH_UP", "catchup_cap": 3},
+    {"max_lateness_seconds": 3600},
+    {"end_at": NOW - timedelta(minutes=10)},
+    {"start_at": NOW - timedelta(minutes=5)},
+    {"kind": "INTERVAL", "cron": "", "interval_seconds": 420},
+    {
+        "kind": "INTERVAL",
+        "cron": "",
+        "interval_seconds": 420,
+        "start_at": NOW - timedelta(hours=1, seconds=13),
+    },
+]
+BASE: dict[str, Any] = {
+    "kind": "CRON", "cron": "*/3 * * * *", "timezone": "UTC", "misfire_policy": "FIRE_ONCE",
+    "max_lateness_seconds": 600, "catchup_cap": 10,
+}  # fmt: skip
+
+
+def test_schedules_sharing_a_cursor_get_their_own_plans_in_one_batch() -> None:
+    """The bulk path shares one plan between schedules with equal timing inputs; each
+    variant differs in one input and must be planned as the per-schedule path plans it."""
+    tenant = Tenant.objects.create(slug="variants")
+    cursor = NOW - timedelta(minutes=30)
+    for variant in VARIANTS * 3:  # three of each: shared plans and distinct ones
+        sid = uuid.uuid4()
+        Schedule.objects.create(
+            id=sid, tenant=tenant, name=sid.hex[:8], task="billing.tasks.noop",
+            shard=ids.shard_for(sid, conf.get().shard_count), next_run_at=cursor,
+            **{**BASE, **variant},
+        )  # fmt: skip
+    clock = FrozenClock(NOW)
+    with override_settings(CELERY_SCHEDULER={"bulk_materialize": 0}):
+        single_report, single_rows = run_undone(
+            lambda: materialize_due(clock=clock, horizon=2 * MINUTE)
+        )
+    bulk_report, bulk_rows = run_undone(
+        lambda: materialize_due_bulk(clock=clock, horizon=2 * MINUTE)
+    )
+    assert len({o[4] for o in single_rows["occurrences"]}) > 10  # the variants' times differ
+    assert bulk_rows == single_rows
+    assert bulk_report == single_report
+
+
 def make(tenant: Tenant, **fields: Any) -> Schedule:
     sid = uuid.uuid4()
     return Schedule.objects.create(
