@@ -115,6 +115,8 @@ class TagFilter(admin.SimpleListFilter):
 
 #: A search matching at most this many schedules sorts its matches (see get_ordering).
 SORT_MATCHES_UP_TO = 200_000
+#: Request attribute: the exact number of schedules the list's search matched.
+MATCHES_ATTR = "_cs_schedule_search_matches"
 
 
 class ScheduleChangeList(scale.ScaleChangeList):
@@ -122,12 +124,17 @@ class ScheduleChangeList(scale.ScaleChangeList):
 
     def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
         ordering: list[Any] = super().get_ordering(request, queryset)
-        if (
-            self.query
-            and ordering
-            and ordering[0] in ("name", "-name")
-            and scale.capped_count(queryset, SORT_MATCHES_UP_TO)[1]
-        ):
+        if self.query and ordering and ordering[0] in ("name", "-name"):
+            # Django orders before it searches: count the matches here (bounded), and hand
+            # the count to the paginator (ScheduleAdmin.get_paginator) instead of a second
+            # scan.
+            searched, _dup = self.model_admin.get_search_results(request, queryset, self.query)
+            matches, few = scale.capped_count(searched, SORT_MATCHES_UP_TO)
+            if few:
+                setattr(request, MATCHES_ATTR, matches)
+        else:
+            few = False
+        if few:
             # A search with few matches: sort them (found by the trigram indexes) rather than
             # walk the name index testing every schedule until a page of matches turns up,
             # which reads most of the table when the matches sort late. ``name || ''``
@@ -182,6 +189,15 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ScheduleChangeList
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any
+    ) -> Any:
+        paginator = super().get_paginator(request, queryset, per_page, *args, **kwargs)
+        matches = getattr(request, MATCHES_ATTR, None)
+        if matches is not None:
+            paginator.__dict__["count"] = matches  # counted exactly by the search's ordering
+        return paginator
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
