@@ -77,7 +77,7 @@ def app(tag: str) -> Iterator[Celery]:
 def delete_queues(app: Celery) -> None:
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        for queue in app.conf.task_queues:
+        for queue in app.amqp.queues.values():  # with the exchanges Celery gave them
             channel.queue_delete(queue.name)
             if queue.exchange.name:
                 channel.exchange_delete(queue.exchange.name)

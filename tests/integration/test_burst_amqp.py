@@ -38,8 +38,9 @@ def app() -> Iterator[Celery]:
     ]
     yield app
     with app.connection_for_write() as conn:
-        for queue in app.conf.task_queues:
+        for queue in app.amqp.queues.values():  # with the exchanges Celery gave them
             conn.default_channel.queue_delete(queue.name)
+            conn.default_channel.exchange_delete(queue.exchange.name)
     app.close()
 
 
