@@ -25,7 +25,8 @@ mark. For 500,000 rows due at one instant that is far too late. Here the work mo
    back, not published (its claims have lapsed; another relay publishes it). The wave's
    transaction is bounded: lock waits by ``publish_timeout_seconds``, idleness by
    ``claim_grace_seconds`` (PostgreSQL ends the session of a stalled beat, freeing its row
-   locks), and the Redis push by the publisher's socket timeout;
+   locks), and the publish by the publisher's timeout (Redis: socket waits; RabbitMQ: those and
+   the wait for its publisher confirms);
 5. **mark** in bulk inside the same transaction (``sent_at`` / ``enqueued_at`` = the
    chunk's acceptance time, conditional on ``sent_at IS NULL`` / a publishable state),
    then commit.
