@@ -29,8 +29,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: Attempts in all for a deadlock (MySQL error 1213, PostgreSQL SQLSTATE 40P01): the victim
-#: waited for nothing, so trying again is cheap, and a few attempts outlast any racer.
-DEADLOCK_TRIES = 5
+#: waited for nothing, so trying again is cheap. A materializer looping over a schedule that
+#: keeps changing can win several rounds in a row (5 attempts were seen to run out under the
+#: lifecycle race test), so the waits between attempts grow (at most ~0.5 s in all).
+DEADLOCK_TRIES = 10
 #: Attempts in all after a lock wait timeout (MySQL 1205, PostgreSQL 55P03): each one has
 #: already waited ``innodb_lock_wait_timeout`` (or ``lock_timeout``), so one more only.
 LOCK_TIMEOUT_TRIES = 2
@@ -78,8 +80,9 @@ def retry_lock_conflicts(fn: Callable[P, R]) -> Callable[P, R]:
                     attempt,
                     extra={"event": "lock_conflict_retry"},
                 )
-                # A few milliseconds apart, so two victims of one cycle do not meet again.
-                time.sleep(random.uniform(0, 0.01 * attempt))
+                # Apart by a random, growing wait (5 ms, 10 ms, ... at most 100 ms), so two
+                # victims of one cycle do not meet again and a busy racer gets to commit.
+                time.sleep(random.uniform(0, min(0.005 * 2 ** (attempt - 1), 0.1)))
                 attempt += 1
 
     return wrapper
