@@ -9,6 +9,11 @@ Lag of a message = its arrival on the Redis queue - T. Prints N, K, p50/p95/p99/
 time to drain, peak RSS (VmHWM) of each beat process, messages/s, and for ``ours`` the
 database's own ``enqueued_at - scheduled_for`` as a cross-check; writes all of it to
 ``bench/results/<timestamp>.json``. See bench/README.md.
+
+``--broker rabbitmq`` publishes to RabbitMQ (vhost ``bench``) instead of Redis db 9 (redbeat
+keeps its own keys in Redis db 10). The arrival clock (``--clock``) is ``sample`` by default:
+``bench.arrivals`` samples the queue length without consuming and reads the messages after
+the run; ``drain`` (Redis only) is the earlier ``bench.drain`` consumer.
 """
 
 from __future__ import annotations
@@ -29,7 +34,12 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 PG = "postgres://postgres@127.0.0.1:5432"
-BROKER = "redis://127.0.0.1:6379/9"
+BROKERS = {
+    "redis": "redis://127.0.0.1:6379/9",
+    # Its own vhost: rabbitmqctl add_vhost bench; set_permissions -p bench guest ".*" ".*" ".*"
+    "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/bench",
+}
+BROKER = BROKERS["redis"]
 REDBEAT = "redis://127.0.0.1:6379/10"
 
 SYSTEMS: dict[str, dict[str, str]] = {
@@ -40,6 +50,14 @@ SYSTEMS: dict[str, dict[str, str]] = {
         "scheduler": "celery_scheduler.beat:DatabaseScheduler",
         "db": "cs_scale_bench_ours",
         "env": "CELERY_SCHEDULER_BULK_MATERIALIZE=0 CELERY_SCHEDULER_BURST_RELAY=0",
+    },
+    # RabbitMQ with publisher confirms: kombu waits for the broker's ack of every message,
+    # so "published" means the broker took responsibility for it (persisted: the default
+    # queue is durable and Celery's messages persistent). kombu's default does not confirm.
+    "ours-confirm": {
+        "scheduler": "celery_scheduler.beat:DatabaseScheduler",
+        "db": "cs_scale_bench_ours",
+        "settings": "bench.confirm_settings",
     },
     "dcb": {
         "scheduler": "django_celery_beat.schedulers:DatabaseScheduler",
@@ -86,12 +104,14 @@ def reset_database(name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def env_for(system: str, lead: float, extra: dict[str, str] | None = None) -> dict[str, str]:
+def env_for(
+    system: str, lead: float, extra: dict[str, str] | None = None, *, broker: str = BROKER
+) -> dict[str, str]:
     spec = SYSTEMS[system]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_SCHEDULER_FAULT")}
     env.update(
         DATABASE_URL=f"{PG}/{spec['db']}",
-        CELERY_BROKER_URL=BROKER,
+        CELERY_BROKER_URL=broker,
         DJANGO_SETTINGS_MODULE=spec.get("settings", "example_project.settings"),
         BENCH_REDBEAT_URL=REDBEAT,
         # Materialize from the start: the whole lead time is inside the horizon.
@@ -166,14 +186,40 @@ def wait_for_marks(system: str, arrived: int, *, deadline: float) -> None:
             time.sleep(0.2)
 
 
-def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir: Path) -> dict:
+def reset_broker(broker: str) -> None:
+    if broker.startswith("redis"):
+        redis.Redis.from_url(broker).flushdb()
+        return
+    from bench.arrivals import open_queue
+
+    queue = open_queue(broker)
+    queue.purge()
+    queue.close()
+
+
+def run_one(
+    system: str,
+    n: int,
+    k: int,
+    *,
+    lead: float,
+    timeout: float,
+    logdir: Path,
+    broker: str = BROKER,
+    clock: str = "sample",
+) -> dict:
     spec = SYSTEMS[system]
-    print(f"\n== {system}: N={n} K={k} (lead {lead:.0f}s, timeout {timeout:.0f}s)", flush=True)
+    kind = "redis" if broker.startswith("redis") else "rabbitmq"
+    print(
+        f"\n== {system} on {kind}: N={n} K={k} (lead {lead:.0f}s, timeout {timeout:.0f}s, "
+        f"clock {clock})  load {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     reset_database(spec["db"])
-    for url in (BROKER, REDBEAT):
-        redis.Redis.from_url(url).flushdb()
+    reset_broker(broker)
+    redis.Redis.from_url(REDBEAT).flushdb()
     at = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
-    env = env_for(system, lead)
+    env = env_for(system, lead, broker=broker)
     subprocess.run(
         [sys.executable, "-m", "bench.seed", system.split("-")[0], str(n), at.isoformat()],
         cwd=ROOT,
@@ -183,15 +229,16 @@ def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir:
     if datetime.now(UTC) > at - timedelta(seconds=5):
         raise SystemExit(f"seeding {n} took past T - 5s; raise --lead")
     t_epoch = at.timestamp()
-    out = logdir / f"{system}-{n}-{k}-arrivals.json"
-    drain = subprocess.Popen(
-        [sys.executable, "-m", "bench.drain", BROKER, str(n), str(t_epoch + timeout), str(out)],
-        cwd=ROOT,
-        env=env,
-    )
+    out = logdir / f"{system}-{kind}-{n}-{k}-arrivals.json"
+    deadline = str(t_epoch + timeout)
+    if clock == "drain":
+        command = ["bench.drain", broker, str(n), deadline, str(out)]
+    else:
+        command = ["bench.arrivals", broker, "celery", str(n), deadline, str(out), "--settle", "5"]
+    drain = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env)
     beats = []
     for i in range(k):
-        log = (logdir / f"{system}-{n}-{k}-beat{i}.log").open("wb")
+        log = (logdir / f"{system}-{kind}-{n}-{k}-beat{i}.log").open("wb")
         beats.append(
             subprocess.Popen(
                 [
@@ -218,7 +265,14 @@ def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir:
         log.close()
     started = time.time()
     drain.wait()
+    load_end = " ".join(f"{x:.2f}" for x in os.getloadavg())
     data = json.loads(out.read_text())
+    if clock == "sample":
+        # Same shape as bench.drain's output: first arrival per task id, deliveries.
+        first: dict[str, float] = {}
+        for message in data["messages"]:
+            first.setdefault(message[1], message[0])
+        data = {"arrivals": first, "deliveries": len(data["messages"])}
     # The broker has every message; our beats mark them sent right after (same wave
     # transaction). Stopping a beat before that commit rolls the marks back (and re-sends
     # on restart, at-least-once), so wait for the marks before stopping it.
@@ -232,6 +286,9 @@ def run_one(system: str, n: int, k: int, *, lead: float, timeout: float, logdir:
     span = (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
     result = {
         "system": system,
+        "broker": kind,
+        "clock": clock,
+        "load_at_end": load_end,
         "N": n,
         "K": k,
         "T": at.isoformat(),
@@ -258,7 +315,8 @@ def print_result(r: dict) -> None:
     lag = r["lag_s"]
     rate = f"{r['msgs_per_s']:.0f}" if r["msgs_per_s"] else "-"
     print(
-        f"{r['system']:>9} N={r['N']:<7} K={r['K']} arrived {r['arrived']}/{r['N']} "
+        f"{r['system']:>9} {r.get('broker', 'redis')} N={r['N']:<7} K={r['K']} "
+        f"arrived {r['arrived']}/{r['N']} "
         f"(dups {r['duplicates']})  lag p50 {lag['p50']:.2f}s p95 {lag['p95']:.2f}s "
         f"p99 {lag['p99']:.2f}s max {lag['max']:.2f}s  drain {r['drain_s'] or 0:.2f}s  "
         f"{rate} msg/s  beat RSS MB {[round(x or 0) for x in r['beat_peak_rss_mb']]}",
@@ -279,7 +337,14 @@ def main() -> None:
     parser.add_argument("--systems", default="ours,dcb,redbeat")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds after T")
     parser.add_argument("--lead", type=float, default=0.0, help="seconds to T (0: auto)")
+    parser.add_argument("--broker", default="redis", help="redis, rabbitmq or both: redis,rabbitmq")
+    parser.add_argument("--clock", choices=("sample", "drain"), default="sample")
     args = parser.parse_args()
+    brokers = args.broker.split(",")
+    if set(brokers) - set(BROKERS):
+        parser.error(f"--broker: one of {sorted(BROKERS)}")
+    if args.clock == "drain" and "rabbitmq" in brokers:
+        parser.error("--clock drain reads Redis only")
     sizes = [int(x) for x in args.sizes.split(",")]
     nodes = [int(x) for x in args.nodes.split(",")]
     systems = args.systems.split(",")
@@ -293,24 +358,39 @@ def main() -> None:
         lead = args.lead or max(30.0, 20.0 + n / 2000)
         for system in systems:
             for k in [1] if system in SINGLE_NODE else nodes:
-                results.append(
-                    run_one(system, n, k, lead=lead, timeout=args.timeout, logdir=logdir)
-                )
+                for broker in brokers:
+                    if system == "ours-confirm" and broker != "rabbitmq":
+                        continue  # confirm_publish is an AMQP option
+                    results.append(
+                        run_one(
+                            system,
+                            n,
+                            k,
+                            lead=lead,
+                            timeout=args.timeout,
+                            logdir=logdir,
+                            broker=BROKERS[broker],
+                            clock=args.clock,
+                        )
+                    )
     print("\n== p99 ratios (other system / ours) at the same N, K=1")
     for r in results:
         if r["system"] in SINGLE_NODE:
             for ours in (x for x in results if x["system"].startswith("ours")):
-                if ours["N"] == r["N"] and ours["K"] == 1 and ours["p99_all_s"]:
+                same = ours["N"] == r["N"] and ours["broker"] == r["broker"]
+                if same and ours["K"] == 1 and ours["p99_all_s"]:
                     if r["p99_all_s"] is None:
                         print(
-                            f"  N={r['N']}: {r['system']} p99 > {r['timeout_s']:.0f}s (only "
+                            f"  {r['broker']} N={r['N']}: {r['system']} p99 > "
+                            f"{r['timeout_s']:.0f}s (only "
                             f"{r['arrived']}/{r['N']} arrived); {ours['system']} p99 "
                             f"{ours['p99_all_s']:.2f}s"
                         )
                         continue
                     ratio = r["p99_all_s"] / ours["p99_all_s"]
                     print(
-                        f"  N={r['N']}: {r['system']} / {ours['system']} = {ratio:.1f}x"
+                        f"  {r['broker']} N={r['N']}: {r['system']} / {ours['system']} = "
+                        f"{ratio:.1f}x"
                         f" (arrived {r['arrived']}/{r['N']} within {r['timeout_s']:.0f}s)"
                     )
     outdir = ROOT / "bench" / "results"
