@@ -12,8 +12,9 @@ arrival order (Redis: LPUSH at the head, the oldest at the tail; RabbitMQ: FIFO)
 message at position i (0 = oldest) arrived at the first sample whose length exceeded i: its
 timestamp is at most one interval plus one round trip late, never early.
 
-Sampling stops ``--settle`` seconds (default 10) after ``expected`` messages were counted
-(later duplicates would still be seen) or at the deadline. Then the queue is read oldest
+Sampling stops once ``expected`` messages were counted and none came for ``--settle``
+seconds (default 10; on Redis also ``expected`` distinct task ids: duplicates count in a
+length), or at the deadline. Then the queue is read oldest
 first (Redis: LRANGE slices from the tail; RabbitMQ: a no-ack consumer with a large prefetch)
 and every message's Celery headers are decoded: task id (``id``), and for this project's
 messages ``scheduler_occurrence_id``, ``scheduler_tenant``, ``scheduler_scheduled_for`` and
@@ -166,21 +167,31 @@ def sample(
     settle: float,
     interval: float,
 ) -> list[tuple[float, int]]:
-    """(epoch, length) at every change of the length, until settled or the deadline."""
+    """(epoch, length) at every change of the length, until settled or the deadline.
+
+    Settled: at least ``expected`` messages and no new one for ``settle`` seconds. A length
+    counts duplicates too, so on Redis (readable without consuming) the distinct task ids
+    are also checked: fewer than ``expected`` keeps sampling until the deadline.
+    """
     samples: list[tuple[float, int]] = []
-    last = -1
-    settled_at: float | None = None
+    last, changed, checked = -1, time.time(), -1
     while True:
         length = q.length()
         now = time.time()
         if length != last:
             samples.append((now, length))
-            last = length
-        if settled_at is None and length >= expected:
-            settled_at = now + settle
-        if now >= deadline or (settled_at is not None and now >= settled_at):
+            last, changed = length, now
+        if now >= deadline:
             return samples
+        if length >= expected and now - changed >= settle and length != checked:
+            checked = length
+            if not isinstance(q, RedisQueue) or distinct(q, length) >= expected:
+                return samples
         time.sleep(interval)
+
+
+def distinct(q: RedisQueue, length: int) -> int:
+    return len({h["id"] for h in q.read(length)})
 
 
 def arrival_times(samples: list[tuple[float, int]], count: int, read_at: float) -> list[float]:

@@ -234,7 +234,7 @@ def run_one(
     if clock == "drain":
         command = ["bench.drain", broker, str(n), deadline, str(out)]
     else:
-        command = ["bench.arrivals", broker, "celery", str(n), deadline, str(out), "--settle", "5"]
+        command = ["bench.arrivals", broker, "celery", str(n), deadline, str(out), "--settle", "10"]
     drain = subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env)
     beats = []
     for i in range(k):
