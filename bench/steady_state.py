@@ -119,8 +119,14 @@ def _worker(argv: list[str]) -> None:
         for at in range(0, len(specs), BULK_CHUNK):
             mirror_create(specs[at : at + BULK_CHUNK])
     elif mode == "bulk":
-        for at in range(0, len(specs), BULK_CHUNK):
-            api.create_schedules(specs[at : at + BULK_CHUNK])
+        # create_schedules takes the tenant once per call: one call per tenant and chunk.
+        by_tenant: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for spec in specs:
+            item = dict(spec)
+            by_tenant[item.pop("tenant")].append(item)
+        for slug, items in by_tenant.items():
+            for at in range(0, len(items), BULK_CHUNK):
+                api.create_schedules(items[at : at + BULK_CHUNK], tenant=slug)
     else:
         for spec in specs:
             api.create_schedule(**spec)
@@ -137,12 +143,12 @@ def mirror_create(specs: list[dict[str, Any]]) -> None:
     """
     from django_app import validation
 
-    # validate() asks Celery for the registered task names on every call, and that import
-    # step re-runs Django's system checks (~10-40 ms, most of a create_schedule call): read
-    # the registry once per chunk instead (the same names; the same validation otherwise).
+    # Before the registry was cached per process, validate() asked Celery for the task
+    # names on every call and that import step re-ran Django's system checks (~10-40 ms):
+    # read it once per chunk (the same names; the same validation otherwise).
     names = validation.registered_task_names()
     real = validation.registered_task_names
-    validation.registered_task_names = lambda: names
+    validation.registered_task_names = lambda **_: names
     try:
         _mirror_chunk(specs)
     finally:
