@@ -51,6 +51,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--kombu-count", type=int, default=5_000)
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=AmqpFastPublisher.publish_chunk,
+        help="messages written before their confirms are awaited (the burst relay's chunk)",
+    )
     parser.add_argument("--broker", default="amqp://guest:guest@127.0.0.1:5672/bench")
     parser.add_argument(
         "--transient", action="store_true", help="delivery_mode 1 (where RabbitMQ's time goes)"
@@ -71,7 +77,7 @@ def main() -> None:
         with app.connection_for_write() as conn:
             return int(conn.default_channel.queue_purge(queue) or 0)
 
-    fast = AmqpFastPublisher(app, timeout=30)
+    fast = AmqpFastPublisher(app, timeout=30, chunk_size=args.chunk)
     try:
         fast.publish(messages(10))  # connect and declare once, as a running relay has
         drain()
@@ -121,7 +127,10 @@ def main() -> None:
     kombu_rate = args.kombu_count / kombu_s
     mode = "transient" if args.transient else "persistent"
     version = f", x-queue-version {args.queue_version}" if args.queue_version else ""
-    print(f"RabbitMQ {args.broker}, {mode} messages, durable queue{version}, one process")
+    print(
+        f"RabbitMQ {args.broker}, {mode} messages, durable queue{version}, one process, "
+        f"chunks of {args.chunk:,}"
+    )
     print(f"  send_task (kombu)                  {rate(args.kombu_count, kombu_s)}")
     print(f"  send_task, kombu confirm_publish   {rate(args.kombu_count, kombu_confirm_s)}")
     print(f"  fast path, prepare only            {rate(args.count, prepare_s)}")
