@@ -564,7 +564,7 @@ class DatabaseScheduler(beat.Scheduler):
 
 
 def _burst_relay_enabled(app: Any) -> bool:
-    """``CELERY_SCHEDULER["burst_relay"]`` (default: PostgreSQL with a Redis broker)."""
+    """``CELERY_SCHEDULER["burst_relay"]`` (default: PostgreSQL with a Redis or AMQP broker)."""
     from django.db import connection
 
     from django_app import conf
