@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, shared_task
 
 from celery_scheduler import api, metrics
 from celery_scheduler.core.clock import FrozenClock
@@ -66,7 +66,10 @@ metrics_app = Celery("observe-tests", set_as_current=False)
 running_clock: list[FrozenClock] = []
 
 
-@metrics_app.task(name="observe.takes_three_seconds")
+# shared_task: registered in every app, the current one included (create_schedule checks the
+# name against the current app; an app.task is only added to apps finalized later, so the
+# check depended on which test had finalized the current app first).
+@shared_task(name="observe.takes_three_seconds")
 def takes_three_seconds() -> None:
     running_clock[-1].advance(timedelta(seconds=3))
 
