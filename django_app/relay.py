@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -213,6 +214,25 @@ def _keepalive() -> None:
             cur.execute("SELECT 1")
 
 
+#: Messages per publish call inside a relay transaction (see _publish_in_slices).
+PUBLISH_SLICE = 20
+
+
+def _publish_in_slices(publisher: Publisher, messages: list[OccurrenceMessage]) -> None:
+    """Publish a batch a slice at a time, speaking to the database between slices once a
+    quarter of the idle bound has passed: a slow but live broker (a busy RabbitMQ, kombu's
+    per-message path) keeps the transaction's session, which only a stalled process loses
+    (a lost session after the publish would roll the marks back and send the batch again).
+    """
+    bound = _idle_bound() / 4
+    spoke = time.monotonic()
+    for start in range(0, len(messages), PUBLISH_SLICE):
+        if time.monotonic() - spoke > bound:
+            _keepalive()  # fails at once if the session is already gone: stop publishing
+            spoke = time.monotonic()
+        publisher.publish(messages[start : start + PUBLISH_SLICE])
+
+
 def _new_token(node: str) -> str:
     return f"{node or 'relay'}/{uuid.uuid4().hex[:12]}"
 
@@ -329,7 +349,7 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         # fails then, before anything reaches the broker a second time.
         _keepalive()
         try:
-            publisher.publish([message for _, message in to_send])
+            _publish_in_slices(publisher, [message for _, message in to_send])
         except Exception:
             observe.publish_failed(len(to_send))
             raise

@@ -20,7 +20,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 from celery_scheduler import api
-from celery_scheduler.core.clock import SystemClock
+from celery_scheduler.core.clock import FrozenClock, SystemClock
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
 from django_app.materializer import materialize_due
 from django_app.models import OutboxEntry
@@ -97,3 +97,30 @@ def test_the_relay_bounds_end_with_its_transaction(settings: Any) -> None:
     before = _session_bounds()
     assert relay_due(clock=CLOCK, publisher=RecordingPublisher()).published == 1
     assert _session_bounds() == before
+
+
+class SlowPublisher(RecordingPublisher):
+    """A live but slow broker: every message takes a while (a busy RabbitMQ, kombu's
+    per-message path); the relay is working, not stalled."""
+
+    def publish(self, messages: Sequence[OccurrenceMessage]) -> None:
+        for message in messages:
+            time.sleep(GRACE / 40)
+            super().publish([message])
+
+
+def test_a_slow_publish_is_not_mistaken_for_a_stall(settings: Any) -> None:
+    """A batch whose publish takes longer than the idle bound keeps its session (the relay
+    speaks to the database between slices of the batch), so it is marked, not re-sent."""
+    settings.CELERY_SCHEDULER = {"claim_grace_seconds": GRACE, "batch_size": 200}
+    api.create_schedule(name="every second", task="billing.ping", interval=1, clock=CLOCK)
+    materialize_due(clock=CLOCK, horizon=timedelta(seconds=150))
+    later = FrozenClock(CLOCK.now() + timedelta(seconds=150))  # every row is due then
+    publisher = SlowPublisher()
+    started = time.monotonic()
+    report = relay_due(clock=later, publisher=publisher, limit=100)
+    assert time.monotonic() - started > 2 * GRACE  # the batch outlasted the idle bound
+    assert report.published == report.marked > 0
+    sent = OutboxEntry.objects.filter(sent_at__isnull=False)
+    assert sent.count() == report.marked
+    assert set(sent.values_list("publish_count", flat=True)) == {1}
