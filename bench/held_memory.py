@@ -4,7 +4,7 @@
 
 Recreates the PostgreSQL database ``cs_scale_mem``, seeds N one-off schedules due in
 ``lead`` seconds (``bench.seed``), materializes them with the set-based materializer, then
-one :class:`django_app.burst.BurstRelay` with the Redis fast publisher claims and prepares
+one :class:`django_app.relay.burst.BurstRelay` with the Redis fast publisher claims and prepares
 all of them (nothing is published: the rows are released at the end). Prints the process
 RSS before and after the claim, the peak (VmHWM), the held count and bytes per held row.
 """
@@ -61,8 +61,8 @@ def main() -> None:
     django.setup()
     from celery_scheduler.core.clock import SYSTEM_CLOCK
     from celery_scheduler.publishers.redis_fast import publisher_for
-    from django_app.burst import BurstRelay
-    from django_app.materializer_bulk import materialize_due_bulk
+    from django_app.materialize.set_based import materialize_due_bulk
+    from django_app.relay.burst import BurstRelay
     from example_project.celery import app
 
     report = materialize_due_bulk(clock=SYSTEM_CLOCK, horizon=timedelta(seconds=args.lead + 60))

@@ -70,8 +70,8 @@ def main(n: int, reseed: bool) -> None:
     from celery_scheduler import api
     from celery_scheduler.core import ids
     from celery_scheduler.core.clock import FrozenClock
-    from django_app import reads
     from django_app.models import Occurrence, Schedule
+    from django_app.schedules import reads
 
     with connection.cursor() as cur:
         if reseed:

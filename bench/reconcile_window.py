@@ -102,7 +102,7 @@ def run_stream(minutes: int, offset: int) -> None:
     import django
 
     django.setup()
-    from django_app.reconcile import iter_reconcile, occurrence_window
+    from django_app.operations.reconcile import iter_reconcile, occurrence_window
 
     started = time.perf_counter()
     counts: Counter[str] = Counter()
@@ -122,7 +122,7 @@ def run_old(minutes: int, offset: int) -> None:
     import django
 
     django.setup()
-    from django_app.reconcile import reconcile  # the old module: cwd is the old checkout
+    from django_app.operations.reconcile import reconcile  # the old module: cwd is the old checkout
 
     started = time.perf_counter()
     start = T0 + timedelta(minutes=offset)

@@ -141,7 +141,7 @@ def mirror_create(specs: list[dict[str, Any]]) -> None:
     schedules on a loaded machine and ``api.create_schedules`` does not exist yet: the beats
     see the same rows either way (no quota is set on the bench's tenants).
     """
-    from django_app import validation
+    from django_app.schedules import validation
 
     # Before the registry was cached per process, validate() asked Celery for the task
     # names on every call and that import step re-ran Django's system checks (~10-40 ms):
@@ -160,8 +160,9 @@ def _mirror_chunk(specs: list[dict[str, Any]]) -> None:
 
     from celery_scheduler.core import ids
     from celery_scheduler.core.clock import SYSTEM_CLOCK
-    from django_app import conf, lifecycle, validation
+    from django_app import conf
     from django_app.models import AuditEntry, Schedule, ScheduleVersion, Tenant
+    from django_app.schedules import lifecycle, validation
 
     now = SYSTEM_CLOCK.now()
     shard_count = conf.get().shard_count
@@ -173,11 +174,11 @@ def _mirror_chunk(specs: list[dict[str, Any]]) -> None:
         extras = validation.validate_extras({})
         spec = validation.validate(now=now, **values)
         schedule = Schedule(
-            tenant=tenant, idempotency_key=None, content_hash=lifecycle._content_hash(spec, extras),
+            tenant=tenant, idempotency_key=None, content_hash=lifecycle.content_hash(spec, extras),
             source="api", max_runs=None, pause_after_failures=None, **spec.model_fields(),
         )  # fmt: skip
         schedule.shard = ids.shard_for(schedule.id, shard_count)
-        schedule.next_run_at = lifecycle._first_run(spec, schedule.start_at, now)
+        schedule.next_run_at = lifecycle.first_run(spec, schedule.start_at, now)
         schedules.append(schedule)
         versions.append(
             ScheduleVersion(
@@ -390,7 +391,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_end = load()
     data = json.loads(out.read_text())
     result = analyse(data["messages"], t_epoch, n)
-    wait_for_marks(DB, result["arrived"], time.monotonic() + 60)
+    # A 250,000-row wave's marks take minutes here; stopping the beats before they commit
+    # would leave the database cross-check reading SCHEDULED rows.
+    wait_for_marks(DB, result["arrived"], time.monotonic() + args.marks_timeout)
     rss = [peak_rss_mb(b.pid) for b in beats]
     alive = [b.poll() is None for b in beats]
     for beat in beats:
@@ -457,6 +460,10 @@ def main() -> None:
     parser.add_argument("--outage", action="store_true", help="beats start at T - 30 s only")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds after T")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after all arrived")
+    parser.add_argument(
+        "--marks-timeout", type=float, default=600.0,
+        help="seconds to wait for the beats' marks after the arrivals",
+    )  # fmt: skip
     parser.add_argument("--create", choices=("api", "each", "bulk", "mirror"), default="api")
     parser.add_argument("--create-procs", type=int, default=0, help="0: 2 (each) else 1")
     parser.add_argument("--create-seconds", type=float, default=None, help="skip calibration")

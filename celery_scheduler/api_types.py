@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -28,6 +28,10 @@ def as_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [as_json(v) for v in value]
     return value
+
+
+#: A duration argument: seconds, or a timedelta.
+Seconds = int | timedelta
 
 
 @dataclass(frozen=True, kw_only=True)

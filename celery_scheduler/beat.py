@@ -18,8 +18,10 @@ beats safe. A database or broker error is logged and the loop backs off exponent
 ``max_interval``) and tries again; nothing is published without the database, and nothing is
 marked sent that the broker did not accept.
 
-Django is imported lazily (``django.setup()`` is called if the app registry is not ready), so
-importing this module costs nothing in processes that never start beat.
+Storage is reached only through :mod:`celery_scheduler.ports` (the backend the composition
+root :mod:`django_app.wiring` installs when Django sets up ``django_app``). Django is set up
+lazily (``django.setup()`` is called if the app registry is not ready), so importing this
+module costs nothing in processes that never start beat.
 """
 
 from __future__ import annotations
@@ -36,13 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery import beat
 
-from celery_scheduler import errors
+from celery_scheduler import errors, metrics, ports
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.lead import RateMeter, lead_seconds, pending_cap
 
 if TYPE_CHECKING:
-    from django_app.relay import LookaheadRelay
-    from django_app.shards import LeaseKeeper, ShardLeaser
+    from celery_scheduler.ports import Relay, ShardLeases, Stoppable
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +62,19 @@ STRAND_CHECK_INTERVAL = 60.0
 #: Seconds between two progress stamps of the loop (BeatNode.progress_at).
 PROGRESS_STAMP_INTERVAL = 1.0
 #: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
-#: first large burst after a start is planned early rather than late.
-ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 2_000
+#: first large burst after a start is planned early rather than late. Two beats sharing two
+#: cores with PostgreSQL and their burst relays measured ~700-1,000 rows/s each for hourly
+#: crons; assuming 2,000 started a 500,000-row instant only 310 s ahead, too late.
+ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 500
 #: Materializing passes at least this large log their rate at INFO (README "Capacity").
 STAGE_LOG_ROWS = 10_000
 #: Seconds between two readings of the schedules due within ``max_horizon_seconds``...
 HORIZON_REFRESH_SECONDS = 5.0
 #: ...or this many times what the last reading took, if longer.
 SIZING_COST_FACTOR = 20.0
+#: Share of the redelivery timeout between two redelivery passes (at least every poll, at
+#: most 30 s): well inside the timeout, without rescanning a large backlog on every poll.
+REDELIVERY_PASS_SHARE = 0.1
 #: Seconds between two counts of the outbox backlog (the ``outbox_backlog`` gauge): one
 #: indexed count, not one per poll; Prometheus scrapes every 15 s or so anyway.
 BACKLOG_EXPORT_INTERVAL = 5.0
@@ -82,12 +88,6 @@ def ensure_django() -> None:
         import django
 
         django.setup()
-
-
-def conf_batch_size() -> int:
-    from django_app import conf
-
-    return conf.get().batch_size
 
 
 def node_name() -> str:
@@ -108,6 +108,7 @@ class DatabaseScheduler(beat.Scheduler):
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
         self.clock: Clock = kwargs.pop("clock", None) or SYSTEM_CLOCK
+        self._backend: ports.Backend | None = kwargs.pop("backend", None)
         self._publisher = kwargs.pop("publisher", None)
         self.poll_interval = float(kwargs.pop("poll_interval", DEFAULT_POLL_INTERVAL))
         self.lookahead: timedelta = kwargs.pop("lookahead", DEFAULT_LOOKAHEAD)
@@ -117,12 +118,12 @@ class DatabaseScheduler(beat.Scheduler):
         # when asked for.
         keeper = kwargs.pop("lease_keeper", None)
         self.lease_keeper = self.clock is SYSTEM_CLOCK if keeper is None else bool(keeper)
-        self._keeper: LeaseKeeper | None = None
+        self._keeper: Stoppable | None = None
         self._busy = False
         kwargs.pop("schedule_filename", None)  # Celery passes it; we keep no file
         self.node = node_name()
-        self._relay: LookaheadRelay | None = None
-        self._leaser: ShardLeaser | None = None
+        self._relay: Relay | None = None
+        self._leaser: ShardLeases | None = None
         self._next_lease_refresh = 0.0
         self._next_strand_check = 0.0
         self._next_progress_stamp = 0.0
@@ -140,18 +141,21 @@ class DatabaseScheduler(beat.Scheduler):
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)
 
+    @property
+    def backend(self) -> ports.Backend:
+        """The storage behind this scheduler (the installed one unless one was given)."""
+        if self._backend is None:
+            ensure_django()
+            self._backend = ports.backend()
+        return self._backend
+
     # -- celery.beat.Scheduler API ----------------------------------------------------------
 
     def setup_schedule(self) -> None:
         """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down)."""
-        ensure_django()
-        from django_app import database_checks
-
-        database_checks.require_safe_database()  # refuses to start (UnsafeDatabase)
+        self.backend.require_safe_database()  # refuses to start (UnsafeDatabase)
         if self._metrics_server is None:
-            from django_app import metrics_server
-
-            self._metrics_server = metrics_server.start_for_beat(self.node)
+            self._metrics_server = self.backend.start_metrics_server(self.node)
         self._busy = True
         try:
             self._sync_static()
@@ -182,10 +186,8 @@ class DatabaseScheduler(beat.Scheduler):
         if self.clock.monotonic() < self._next_progress_stamp:
             return
         self._next_progress_stamp = self.clock.monotonic() + PROGRESS_STAMP_INTERVAL
-        from django_app.models import BeatNode
-
         try:
-            BeatNode.objects.filter(name=self.node).update(progress_at=self.clock.now())
+            self.backend.stamp_progress(self.node, self.clock.now())
         except Exception:  # reported by the probe, never fatal to the loop
             logger.debug("beat %s: progress stamp failed", self.node, exc_info=True)
 
@@ -236,9 +238,7 @@ class DatabaseScheduler(beat.Scheduler):
                 "expire on their own)", self.node, self.stop_timeout,
             )  # fmt: skip
 
-    def _release_on_own_connection(
-        self, leaser: ShardLeaser | None, relay: LookaheadRelay | None
-    ) -> None:
+    def _release_on_own_connection(self, leaser: ShardLeases | None, relay: Relay | None) -> None:
         """The helper thread of :meth:`close` (Django gives it a connection of its own)."""
         from django.db import connection
 
@@ -247,7 +247,7 @@ class DatabaseScheduler(beat.Scheduler):
         finally:
             connection.close()
 
-    def _release(self, leaser: ShardLeaser | None, relay: LookaheadRelay | None) -> None:
+    def _release(self, leaser: ShardLeases | None, relay: Relay | None) -> None:
         if leaser is not None:
             try:
                 released = leaser.release_all(timeout=self.stop_timeout)
@@ -271,10 +271,8 @@ class DatabaseScheduler(beat.Scheduler):
     # -- internals --------------------------------------------------------------------------
 
     def _sync_static(self) -> None:
-        from django_app import static_sync
-
         try:
-            report = static_sync.sync_app(self.app, clock=self.clock)
+            report = self.backend.sync_beat_schedule(self.app, self.clock)
         except Exception:
             logger.warning("beat %s: beat_schedule sync failed; will retry", self.node,
                            exc_info=True)  # fmt: skip
@@ -287,36 +285,18 @@ class DatabaseScheduler(beat.Scheduler):
                 report.created, report.updated, len(report.unchanged), report.failed,
             )  # fmt: skip
 
-    def _relay_or_create(self) -> LookaheadRelay:
+    def _relay_or_create(self) -> Relay:
         if self._relay is None:
-            from django_app.relay import LookaheadRelay
-
-            publisher = self._publisher
-            if publisher is None:
-                from celery_scheduler.publishers import celery_publisher
-                from django_app import conf
-
-                publisher = celery_publisher(self.app, timeout=conf.get().publish_timeout_seconds)
-            if _burst_relay_enabled(self.app):
-                from django_app.burst import BurstRelay
-
-                # Same duck interface (poll / publish_held / next_due_at / close).
-                self._relay = BurstRelay(  # type: ignore[assignment]
-                    clock=self.clock, publisher=publisher, node=self.node
-                )
-            else:
-                self._relay = LookaheadRelay(
-                    clock=self.clock, publisher=publisher, node=self.node, lookahead=self.lookahead
-                )
-            logger.info(
-                "beat %s: relay %s, publisher %s", self.node,
-                type(self._relay).__name__, type(publisher).__name__,
-            )  # fmt: skip
-        assert self._relay is not None
+            self._relay = self.backend.new_relay(
+                app=self.app,
+                clock=self.clock,
+                publisher=self._publisher,
+                node=self.node,
+                lookahead=self.lookahead,
+            )
         return self._relay
 
     def _step(self) -> None:
-        ensure_django()
         if not self._synced:
             self._sync_static()
         relay = self._relay_or_create()
@@ -332,14 +312,10 @@ class DatabaseScheduler(beat.Scheduler):
 
     def _export_backlog(self) -> None:
         """Set the ``outbox_backlog`` gauge, every ``BACKLOG_EXPORT_INTERVAL`` seconds."""
-        from celery_scheduler import metrics
-
         if not metrics.is_enabled() or self.clock.monotonic() < self._next_backlog_export:
             return
         self._next_backlog_export = self.clock.monotonic() + BACKLOG_EXPORT_INTERVAL
-        from django_app import observe
-
-        observe.export_outbox_backlog(self.clock.now())
+        self.backend.export_outbox_backlog(self.clock.now())
 
     def _reap_expired_leases(self) -> None:
         """Occurrences whose worker lease expired go back through the outbox (same id).
@@ -347,9 +323,7 @@ class DatabaseScheduler(beat.Scheduler):
         Every beat may do this: the reaper's updates are conditional on the expired lease,
         so two beats reaping at once cannot both re-queue one occurrence.
         """
-        from django_app.worker import reap_expired
-
-        reaped = reap_expired(clock=self.clock, limit=conf_batch_size())
+        reaped = self.backend.reap_expired(self.clock, self.backend.settings().batch_size)
         if reaped:
             logger.info("beat %s: re-queued %d expired occurrence lease(s)", self.node, reaped)
 
@@ -357,52 +331,39 @@ class DatabaseScheduler(beat.Scheduler):
         """Occurrences whose message the broker lost go back through the outbox (same id).
 
         Every beat may do this too: each re-open is conditional on the ``sent_at`` it read,
-        so two beats cannot both re-publish one occurrence (django_app.redelivery).
+        so two beats cannot both re-publish one occurrence (django_app.relay.redelivery).
         """
-        from django_app.redelivery import PASS_INTERVAL_SHARE, configured_timeout, redeliver_lost
-
-        timeout = configured_timeout()
+        timeout = self.backend.redelivery_timeout()
         if timeout is None or self.clock.monotonic() < self._next_redelivery:
             return
-        # A fraction of the timeout between passes (it only needs to be well inside the
-        # timeout), so a large backlog is not rescanned on every poll of every beat.
-        every = min(max(timeout.total_seconds() * PASS_INTERVAL_SHARE, self.poll_interval), 30.0)
-        self._next_redelivery = self.clock.monotonic() + every
-        limit = conf_batch_size()
-        redelivered = redeliver_lost(clock=self.clock, limit=limit, timeout=timeout)
+        share = timeout.total_seconds() * REDELIVERY_PASS_SHARE
+        self._next_redelivery = self.clock.monotonic() + min(max(share, self.poll_interval), 30.0)
+        limit = self.backend.settings().batch_size
+        redelivered = self.backend.redeliver_lost(self.clock, limit, timeout)
         if redelivered >= limit:  # a mass loss (a flushed queue): go on at the next poll
             self._next_redelivery = 0.0
         if redelivered:
             logger.info("beat %s: re-queued %d lost message(s)", self.node, redelivered)
 
-    def _relay_poll(self, relay: LookaheadRelay) -> None:
+    def _relay_poll(self, relay: Relay) -> None:
         relay.poll()
         relay.publish_held()  # rows claimed just now may be due already
         self._last_relay_poll = self.clock.monotonic()
 
-    def _materialize(self, relay: LookaheadRelay) -> None:
+    def _materialize(self, relay: Relay) -> None:
         """Materialize shard by shard, starting at a random shard, relaying in between.
 
         Beats that start together then work on different shards instead of queueing on the
         same rows' unique-index locks, and a long pass (a burst of due schedules) does not
         delay held rows: they are published between shards.
         """
-        from django_app.materializer import materialize_due
-        from django_app.models import Schedule
-
+        materializer = self.backend.materializer
         fencing = self._shard_leases()
         if fencing is not None and not fencing:
             return  # holds no shard (yet): materializing is another node's job meanwhile
         horizon = self._plan_horizon(None if fencing is None else list(fencing))
         until = self.clock.now() + horizon
-        due = set(
-            # No ordering: the model's ordering ("name") would join the DISTINCT and sort
-            # every due row by name.
-            Schedule.objects.filter(state="ACTIVE", next_run_at__lte=until)
-            .order_by()
-            .values_list("shard", flat=True)
-            .distinct()
-        )
+        due = materializer.due_shards(until)
         if fencing is not None:
             due &= set(fencing)
         if not due:
@@ -416,7 +377,7 @@ class DatabaseScheduler(beat.Scheduler):
             if fencing is not None and shard not in fencing:
                 continue
             started = time.perf_counter()
-            report = materialize_due(
+            report = materializer.materialize(
                 clock=self.clock,
                 shards=[shard],
                 shard_fencing={shard: fencing[shard]} if fencing is not None else None,
@@ -439,10 +400,7 @@ class DatabaseScheduler(beat.Scheduler):
         long to materialize at its measured rate (:mod:`celery_scheduler.core.lead`): the
         top of the hour is planned minutes ahead, an everyday load keeps few future rows.
         Re-read every few seconds (a capped index count over the node's shards)."""
-        from django_app import conf
-        from django_app.materializer import count_due_schedules
-
-        cfg = conf.get()
+        cfg = self.backend.settings()
         floor = float(cfg.horizon_seconds)
         ceiling = max(floor, float(cfg.max_horizon_seconds))
         bounds = (floor, ceiling)
@@ -455,7 +413,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._horizon_bounds = bounds
         rate = self.materialize_rate.rate
         started = time.perf_counter()
-        pending = count_due_schedules(
+        pending = self.backend.materializer.count_due(
             until=self.clock.now() + timedelta(seconds=ceiling),
             shards=shards,
             limit=pending_cap(rate, floor=floor, ceiling=ceiling),
@@ -480,17 +438,9 @@ class DatabaseScheduler(beat.Scheduler):
         if not self.use_shard_leases:
             return None
         if self._leaser is None:
-            from django_app import reshard
-            from django_app.shards import ShardLeaser
-
-            leaser = ShardLeaser(self.node, clock=self.clock)
-            reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
-            self._leaser = leaser
-            if self.lease_keeper:
-                from django_app.shards import LeaseKeeper
-
-                self._keeper = LeaseKeeper(leaser)
-                self._keeper.start()
+            self._leaser, self._keeper = self.backend.new_shard_leases(
+                self.node, self.clock, keeper=self.lease_keeper
+            )
             self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
         elif self.clock.monotonic() >= self._next_strand_check:
             self._warn_stranded(self._leaser.shard_count)
@@ -506,25 +456,16 @@ class DatabaseScheduler(beat.Scheduler):
 
     def _export_shard_gauges(self, held: int, shard_count: int) -> None:
         """Shards this node holds and shards no live lease covers (the alert's signal)."""
-        from celery_scheduler import metrics
-        from django_app.models import ShardLease
-
-        owned = (
-            ShardLease.objects.filter(shard__lt=shard_count, expires_at__gt=self.clock.now())
-            .exclude(owner="")
-            .count()
-        )
+        owned = self.backend.count_owned_shards(shard_count, self.clock.now())
         metrics.set_gauge("shards_held", held)
         metrics.set_gauge("shards_unowned", max(0, shard_count - owned))
 
     def _warn_stranded(self, shard_count: int) -> None:
         """Rows stranded while running (another process with a larger ``shard_count`` created
         them): say so loudly, but keep serving the shards in range."""
-        from django_app import reshard
-
         self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
         try:
-            reshard.check(shard_count)
+            self.backend.check_shard_count(shard_count)
         except errors.ShardCountMismatch as exc:
             logger.error("beat %s: %s", self.node, exc)
 
@@ -561,16 +502,6 @@ class DatabaseScheduler(beat.Scheduler):
                 connection.close()
         except Exception:  # closing a dead connection may raise too
             logger.debug("closing the database connection failed", exc_info=True)
-
-
-def _burst_relay_enabled(app: Any) -> bool:
-    """``CELERY_SCHEDULER["burst_relay"]`` (default: PostgreSQL with a Redis or AMQP broker)."""
-    from django.db import connection
-
-    from django_app import conf
-
-    url = app.conf.broker_write_url or app.conf.broker_url
-    return conf.burst_relay_enabled(connection.vendor, url)
 
 
 def _is_coordination_error(exc: Exception) -> bool:

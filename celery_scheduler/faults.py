@@ -11,7 +11,9 @@ must not get a chance to tidy up. The variable is read once per process, so an u
 costs one comparison.
 
 ``CELERY_SCHEDULER_FAULT_SIGNAL=STOP`` sends SIGSTOP instead: the process freezes at that
-step with whatever it holds (a stalled VM, a GC pause), until someone sends SIGCONT.
+step with whatever it holds (a stalled VM, a GC pause), until someone sends SIGCONT;
+``CELERY_SCHEDULER_FAULT_SIGNAL=TERM`` sends SIGTERM: an operator's stop (a deploy) at that
+step.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ KNOWN_POINTS = frozenset(
     }
 )
 
+#: ``CELERY_SCHEDULER_FAULT_SIGNAL`` values other than the default SIGKILL.
+_SIGNALS = {"STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
 _UNREAD = object()
 _armed: object | tuple[str, int] | None = _UNREAD
 _hits = 0
@@ -85,5 +89,5 @@ def fault_point(name: str) -> None:
         _hits += 1
         fire = _hits == armed[1]
     if fire:
-        stop = os.environ.get(ENV_VAR + "_SIGNAL", "").strip().upper() == "STOP"
-        os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
+        wanted = os.environ.get(ENV_VAR + "_SIGNAL", "").strip().upper()
+        os.kill(os.getpid(), _SIGNALS.get(wanted, signal.SIGKILL))

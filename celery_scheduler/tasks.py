@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from celery_scheduler import errors
+from celery_scheduler import errors, ports
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
@@ -184,9 +184,7 @@ def idempotent_task(
             key_args = args[1:] if bound else args
             raw = key(*key_args, **kwargs) if key is not None else _default_key(task_name)
             the_key = normalize_key(raw, task_name)
-            from django_app import idempotency
-
-            result: R = idempotency.run_once(
+            result: R = ports.backend().idempotency.run_once(
                 the_key,
                 task_name=task_name,
                 occurrence_id=current_occurrence_id(),

@@ -10,11 +10,14 @@ class SchedulerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_app import (
-            database_checks,  # registers the system checks
-            metrics_server,
-        )
+        from celery_scheduler import ports
+        from django_app import wiring
+        from django_app.db import checks  # registers the system checks
+        from django_app.operations import metrics_server
 
-        del database_checks
+        del checks
+        # The composition root: the Celery side (beat, @idempotent_task) reaches the
+        # database only through the backend installed here.
+        ports.install(wiring.DjangoBackend())
         # Workers serve metrics when a port is configured, with no code in the user's project.
         metrics_server.connect_worker_signals()

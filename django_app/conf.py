@@ -63,14 +63,14 @@ class SchedulerSettings:
     #: Check the task name against the Celery app's registry at create/update.
     validate_task_names: bool = True
     #: Materialize a batch of due schedules in one transaction with set-based SQL
-    #: (django_app.materializer_bulk) instead of one transaction per schedule. ``"auto"``
+    #: (django_app.materialize.set_based) instead of one transaction per schedule. ``"auto"``
     #: (default): on for PostgreSQL, off elsewhere; True/1 forces it where it applies
     #: (PostgreSQL only: elsewhere the per-schedule path always runs); False/0 pins the
     #: per-schedule path. Read with :func:`bulk_materialize_enabled`.
     bulk_materialize: bool | int | str = "auto"
     #: Schedules per set-based materializer transaction.
     bulk_batch_size: int = 5000
-    #: Beat uses django_app.burst.BurstRelay: claims and prepares rows due within
+    #: Beat uses django_app.relay.burst.BurstRelay: claims and prepares rows due within
     #: ``burst_lookahead_seconds``, locks them ``burst_hold_seconds`` before their time,
     #: publishes them pipelined at their time and marks them sent in bulk. ``"auto"``
     #: (default): on for PostgreSQL with a ``redis://``/``rediss://`` broker or an

@@ -2,7 +2,9 @@
 
 The database enforces what must hold (unique occurrence keys, one outbox row per
 occurrence, valid enum values, per-tenant idempotency keys); Python validation only
-gives nicer messages. State changes are conditional UPDATEs in ``django_app.store``.
+gives nicer messages. State changes are conditional UPDATEs in the packages that own them
+(``django_app.schedules``, ``django_app.materialize``, ``django_app.relay``, ``django_app.worker``),
+written by :mod:`django_app.querysets` (the managers, and ``transition()``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from celery_scheduler.core.enums import (
     ScheduleState,
 )
 from django_app.compat import check_constraint
+from django_app.querysets import OccurrenceQuerySet, OutboxQuerySet, ScheduleQuerySet
 
 
 def _choices(enum: type) -> list[tuple[str, str]]:
@@ -67,7 +70,7 @@ class TenantBudget(models.Model):
     ``at``, refilled at the rate per second since then (at most one second of burst).
     ``catchup`` (``Tenant.catchup_rate``): ``at`` is the tenant's next free release slot for
     a late occurrence (``tokens`` unused). Read and written under a row lock by
-    :mod:`django_app.budget`, one statement for every tenant of a batch.
+    :mod:`django_app.tenancy.budget`, one statement for every tenant of a batch.
     """
 
     TRIGGER = "trigger"
@@ -166,6 +169,8 @@ class Schedule(models.Model):
     source = models.CharField(max_length=32, default="api")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ScheduleQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -315,6 +320,8 @@ class Occurrence(models.Model):
     #: Why the occurrence reached its state when no worker put it there (MISSED, CANCELED...).
     reason = models.CharField(max_length=200, blank=True, default="")
 
+    objects = OccurrenceQuerySet.as_manager()
+
     class Meta:
         ordering = ["-scheduled_for"]
         constraints = [
@@ -451,6 +458,8 @@ class OutboxEntry(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     claim_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = OutboxQuerySet.as_manager()
 
     class Meta:
         verbose_name_plural = "outbox entries"

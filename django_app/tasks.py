@@ -30,9 +30,11 @@ from celery_scheduler.core import retry
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
 from celery_scheduler.tasks import occurrence_context
-from django_app import conf, observe, worker
-from django_app.connections import reset_after_error
-from django_app.idempotency import as_json
+from django_app import conf
+from django_app.db.connections import reset_after_error
+from django_app.operations import observe
+from django_app.worker import claim, finish
+from django_app.worker.idempotency import as_json
 
 logger = logging.getLogger("celery_scheduler.worker")
 
@@ -59,7 +61,7 @@ class Heartbeat(threading.Thread):
         try:
             while not self._stop_event.wait(self.lease.total_seconds() / 3):
                 try:
-                    renewed = worker.renew(
+                    renewed = finish.renew(
                         self.occurrence_id, self.token, clock=self.clock, lease=self.lease
                     )
                 except (DatabaseError, InterfaceError):
@@ -90,10 +92,10 @@ class Heartbeat(threading.Thread):
             self.join()
 
 
-def policy_for(target: Any, claim: worker.ClaimResult) -> retry.RetryPolicy:
+def policy_for(target: Any, claimed: claim.ClaimResult) -> retry.RetryPolicy:
     """Schedule fields win over task attributes, which win over the settings default."""
     max_attempts = (
-        claim.max_attempts
+        claimed.max_attempts
         or getattr(target, "max_attempts", None)
         or conf.get().default_max_attempts
     )
@@ -151,8 +153,8 @@ def execute(
     lease: timedelta | None = None,
 ) -> dict[str, Any]:
     """Claim, run and settle one occurrence; returns what happened (for logs and tests)."""
-    lease = worker.lease_or_default(lease)
-    claimed = worker.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
+    lease = finish.lease_or_default(lease)
+    claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
     token = claimed.fencing_token
@@ -162,7 +164,7 @@ def execute(
         error = f"UnknownTask: no task {task!r} is registered in this worker"
         if _finish(
             "failure",
-            lambda: worker.fail(occurrence_id, token, error, clock=clock),
+            lambda: finish.fail(occurrence_id, token, error, clock=clock),
             occurrence_id,
             clock,
         ):
@@ -193,7 +195,7 @@ def execute(
         error = f"{error}\n[{decision.reason}]"
         ok = _finish(
             "failure",
-            lambda: worker.fail(occurrence_id, token, error, retry_at=retry_at, clock=clock),
+            lambda: finish.fail(occurrence_id, token, error, retry_at=retry_at, clock=clock),
             occurrence_id,
             clock,
         )
@@ -210,7 +212,7 @@ def execute(
     result = _jsonable(value)
     ok = _finish(
         "completion",
-        lambda: worker.complete(occurrence_id, token, result, clock=clock),
+        lambda: finish.complete(occurrence_id, token, result, clock=clock),
         occurrence_id,
         clock,
     )
@@ -219,7 +221,7 @@ def execute(
     return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
 
 
-def _ran(claimed: worker.ClaimResult, clock: Clock) -> None:
+def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:
     """``state_seconds{state="RUNNING"}``: the claim's time to the committed finish."""
     if claimed.started_at is not None:
         seconds = (clock.now() - claimed.started_at).total_seconds()

@@ -7,16 +7,18 @@ the *fair key* ``(k / weight, available_at, -priority, id)`` and a batch of ``si
 about ``size * w / (sum of the weights of tenants with work)`` rows of every batch, a tenant
 with little work is served at once, and no tenant ever has a later row published before an
 earlier one of its own. ``k / weight`` is an IEEE double division: the SQL in
-:mod:`django_app.tenancy` computes the same double, so both agree bit for bit and ties fall
+:mod:`django_app.tenancy.quotas` computes the same double, so both agree bit for bit and ties fall
 to ``available_at, -priority, id`` (``id`` is unique, so the order is total).
 
 :func:`fair_order` is the definition (one sort, what the SQL does); :func:`next_batch` is a
-heap merge over per-tenant queues that only looks at ``size`` rows; the tests check that
-they agree.
+heap merge over per-tenant queues that only looks at ``size`` rows; :func:`fair_positions`
+is the same order for rows already in their own order (the burst relay's held wave, where
+building a ``DueRow`` per row would cost more than the ordering); the tests check that they
+agree.
 
 **Trigger-rate buckets.** :class:`Bucket` is the arithmetic of a tenant's token bucket:
 ``rate`` tokens a second, at most ``rate`` stored (one second of burst), full at first
-sight. The state lives in the database (:mod:`django_app.budget`), shared by every relay.
+sight. The state lives in the database (:mod:`django_app.tenancy.budget`), shared by every relay.
 """
 
 from __future__ import annotations
@@ -93,6 +95,29 @@ def next_batch(
             key = fair_key(i + 2, weight_of(weights, tenant), queue[i + 1])
             heapq.heappush(heap, (key, tenant, i + 1))
     return batch
+
+
+def fair_positions(tenants: Sequence[T], weights: Mapping[T, int]) -> list[int]:
+    """The weighted fair order of rows given only their tenants, as positions.
+
+    ``tenants[i]`` is the tenant of row ``i``; the rows must already be in the order of
+    :meth:`DueRow.own_key` (each tenant's rows in its own order, ties across tenants in
+    ``available_at, -priority, id`` order). Returns the row positions in the order of
+    :func:`fair_order`: the k-th row of a tenant of weight w sorts at k / w, ties keep the
+    given order (the sort is stable).
+    """
+    ranks: dict[T, int] = {}
+    per_tenant_weight: dict[T, float] = {}
+    keys: list[float] = []
+    append = keys.append
+    for tenant in tenants:
+        rank = ranks.get(tenant, 0) + 1
+        ranks[tenant] = rank
+        weight = per_tenant_weight.get(tenant)
+        if weight is None:
+            weight = per_tenant_weight[tenant] = float(weight_of(weights, tenant))
+        append(rank / weight)
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ no row rather than relying on a Python check.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from celery_scheduler.core.enums import OccurrenceState as S
 
@@ -28,11 +28,24 @@ TRANSITIONS: Mapping[S, frozenset[S]] = {
 TERMINAL: frozenset[S] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
 #: States in which an occurrence has not been claimed yet and may still be invalidated.
 UNCLAIMED: frozenset[S] = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
+#: States in which an occurrence may (still) be handed to the broker.
+PUBLISHABLE: frozenset[S] = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
 
 
-def sources_of(target: S) -> frozenset[S]:
-    """Every state from which ``target`` may be entered."""
-    return frozenset(src for src, targets in TRANSITIONS.items() if target in targets)
+def sources_of(target: S, *, within: Iterable[S] | None = None) -> frozenset[S]:
+    """Every state from which ``target`` may be entered (only those in ``within``, if given).
+
+    ``within`` narrows a transition to the states one writer may move it from (the relay
+    enqueues only PUBLISHABLE occurrences, never a DEAD one a replay would re-enqueue); it
+    never widens it: a state the table does not allow stays out.
+    """
+    sources = frozenset(src for src, targets in TRANSITIONS.items() if target in targets)
+    return sources if within is None else sources & frozenset(within)
+
+
+def state_values(states: Iterable[S]) -> list[str]:
+    """The column values of ``states`` in a stable order (for ``IN`` / ``= ANY`` parameters)."""
+    return sorted(s.value for s in states)
 
 
 def can_transition(source: S, target: S) -> bool:

@@ -9,8 +9,9 @@ means the same occurrence ids are published again later, never that one is lost.
 
 from __future__ import annotations
 
+import abc
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -106,6 +107,75 @@ class Publisher(Protocol):
     """
 
     def publish(self, messages: Sequence[OccurrenceMessage]) -> None: ...
+
+
+#: Messages per publish call of a publisher that does not choose (see PreparingPublisher).
+PUBLISH_CHUNK = 5_000
+
+
+class PreparingPublisher(abc.ABC):
+    """A publisher that builds the broker's bytes ahead of the instant and sends them later.
+
+    The burst relay's contract with its publisher (:mod:`django_app.relay.burst`):
+
+    - ``prepare(messages)`` runs outside any transaction, minutes before the instant; it
+      returns one opaque item per message, in order, and touches no broker state;
+    - ``declare(prepared)`` makes the queues the items go to exist (once per queue, before
+      the instant; a no-op where the broker needs none);
+    - ``publish_prepared(items)`` runs inside the wave's transaction, at the instant, with at
+      most ``publish_chunk`` items; when it returns, the broker has accepted (and, on
+      RabbitMQ, confirmed) every item; on any error it raises and the relay marks nothing.
+
+    Subclassing is the declaration: the relay asks for no attribute it was not promised.
+    Any other :class:`Publisher` takes part through :func:`preparing`.
+    """
+
+    #: Items per ``publish_prepared`` call: each call must return well inside the wave
+    #: transaction's idle bound (``claim_grace_seconds``).
+    publish_chunk: int = PUBLISH_CHUNK
+
+    @abc.abstractmethod
+    def publish(self, messages: Sequence[OccurrenceMessage]) -> None:
+        """The :class:`Publisher` contract (the polling relay's path)."""
+
+    @abc.abstractmethod
+    def prepare(self, messages: Iterable[OccurrenceMessage]) -> Sequence[Any]:
+        """The items ``publish_prepared`` sends, one per message, in order."""
+
+    def declare(self, prepared: Sequence[Any]) -> None:
+        """Make sure the queues of ``prepared`` exist (default: nothing to declare)."""
+        del prepared
+
+    @abc.abstractmethod
+    def publish_prepared(self, prepared: Sequence[Any]) -> None:
+        """Send prepared items; returns once the broker accepted every one of them."""
+
+
+class Unprepared(PreparingPublisher):
+    """Any :class:`Publisher` as a :class:`PreparingPublisher`: a message is its own item,
+    built at publish time (the kombu path, test publishers)."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+
+    def publish(self, messages: Sequence[OccurrenceMessage]) -> None:
+        self.publisher.publish(messages)
+
+    def prepare(self, messages: Iterable[OccurrenceMessage]) -> list[OccurrenceMessage]:
+        return list(messages)
+
+    def publish_prepared(self, prepared: Sequence[Any]) -> None:
+        self.publisher.publish(prepared)
+
+    def __repr__(self) -> str:
+        return f"Unprepared({self.publisher!r})"
+
+
+def preparing(publisher: Publisher | PreparingPublisher) -> PreparingPublisher:
+    """``publisher`` itself if it prepares ahead, else wrapped in :class:`Unprepared`."""
+    if isinstance(publisher, PreparingPublisher):
+        return publisher
+    return Unprepared(publisher)
 
 
 class RecordingPublisher:

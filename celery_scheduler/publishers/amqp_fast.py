@@ -58,7 +58,12 @@ from amqp.serialization import dumps as amqp_dumps
 from kombu.exceptions import KombuError
 
 from celery_scheduler import errors
-from celery_scheduler.publishers import AMQP_SCHEMES, OccurrenceMessage, Publisher
+from celery_scheduler.publishers import (
+    AMQP_SCHEMES,
+    OccurrenceMessage,
+    PreparingPublisher,
+    Publisher,
+)
 from celery_scheduler.publishers.celery import CeleryPublisher
 from celery_scheduler.publishers.protocol2 import (
     FastPathUnsupported,
@@ -157,7 +162,7 @@ class _Session:
             logger.debug("closing the AMQP fast-path connection failed", exc_info=True)
 
 
-class AmqpFastPublisher:
+class AmqpFastPublisher(PreparingPublisher):
     """Implements :class:`celery_scheduler.publishers.Publisher` for RabbitMQ (pyamqp).
 
     ``chunk_size`` bounds the messages written before their confirms are awaited (memory

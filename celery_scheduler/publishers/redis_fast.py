@@ -33,6 +33,7 @@ from celery_scheduler import errors
 from celery_scheduler.publishers import (
     REDIS_SCHEMES,
     OccurrenceMessage,
+    PreparingPublisher,
     Publisher,
 )
 from celery_scheduler.publishers.celery import CeleryPublisher
@@ -91,7 +92,7 @@ def is_fast_broker(url: object) -> bool:
     return isinstance(url, str) and url.startswith(FAST_SCHEMES) and ";" not in url
 
 
-class RedisFastPublisher:
+class RedisFastPublisher(PreparingPublisher):
     """Implements :class:`celery_scheduler.publishers.Publisher` for Redis brokers.
 
     ``chunk_size`` bounds the commands per pipeline round trip (memory on both sides).

@@ -3,7 +3,7 @@
 schedules: the one schedule form, list and lifecycle actions; occurrences: history,
 attempts and dead letters; tenancy: tenant scoping and tenant management; api_tokens: the
 HTTP API's tokens (create, shown once; revoke); the preview endpoint and the overview page
-live in ``django_app.views``; overview_entry gives the overview its row on the admin index.
+live in ``django_app.admin.views``; overview_entry gives the overview its row on the admin index.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class ScheduleForm(forms.ModelForm):
             self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]
 
     def _task_choices(self) -> list[tuple[str, str]]:
-        from django_app.validation import registered_task_names
+        from django_app.schedules.validation import registered_task_names
 
         names = list(registered_task_names())
         current = self.initial.get("task")

@@ -164,7 +164,7 @@ def collect(request: HttpRequest, *, now: datetime) -> Overview:
     dead_total, over = _capped(occurrences.filter(state=OccurrenceState.DEAD.value))
     if over:
         capped.add("dead")
-    outbox = scope(request, OutboxEntry.objects.filter(sent_at__isnull=True))
+    outbox = scope(request, OutboxEntry.objects.unsent())
     backlog = outbox.aggregate(
         n=Count("id"),
         # Waiting means due and unsent: a row planned for later is not late yet.

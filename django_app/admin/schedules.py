@@ -20,8 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
 from celery_scheduler.core.enums import ScheduleState
-from django_app import views
-from django_app.admin import actions, display, scale, schedule_summary
+from django_app.admin import actions, display, scale, schedule_summary, views
 from django_app.admin.forms import ScheduleForm
 from django_app.admin.tenancy import (
     TenantScopedAdmin,

@@ -39,7 +39,7 @@ def issue(tenant: Tenant | str, name: str = "") -> IssuedToken:
     An unknown slug is a ``ValidationError`` on ``tenant``, except the ``default_tenant``
     setting's, which is created as ``create_schedule`` would.
     """
-    from django_app.lifecycle import resolve_tenant
+    from django_app.schedules.lifecycle import resolve_tenant
 
     # The same rule as creating a schedule: the default tenant exists on first use.
     tenant = resolve_tenant(tenant)

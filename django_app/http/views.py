@@ -29,12 +29,12 @@ from rest_framework.views import APIView
 
 from celery_scheduler import api, errors
 from celery_scheduler.api_types import as_json
-from django_app import reads
 from django_app.http import auth
 from django_app.http import errors as http_errors
 from django_app.http import serializers as s
 from django_app.http.auth import scope_of
 from django_app.models import Occurrence
+from django_app.schedules import reads
 
 _ERRORS = {
     400: OpenApiResponse(s.Error, "Validation error; `field` names the bad input."),

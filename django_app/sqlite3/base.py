@@ -1,7 +1,7 @@
 """The backport: on Django 4.2, read the two SQLite OPTIONS that Django 5.1 added.
 
 Without them several processes on one file fail each other's writes ("database is locked",
-see :mod:`django_app.database_checks`); 4.2's own backend would pass them to
+see :mod:`django_app.db.checks`); 4.2's own backend would pass them to
 ``sqlite3.connect`` and fail. This mirrors Django 5.1's implementation of the same options.
 """
 

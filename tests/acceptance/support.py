@@ -51,12 +51,19 @@ def process_env(broker_url: str, **extra: str) -> dict[str, str]:
 
 
 def start_beat(
-    env: dict[str, str], log_path: Path, *, fault: str | None = None
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    fault: str | None = None,
+    fault_signal: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``celery beat`` with our DatabaseScheduler; ``fault`` arms a named SIGKILL point."""
+    """``celery beat`` with our DatabaseScheduler; ``fault`` arms a named fault point, which
+    sends SIGKILL, or ``fault_signal`` ("STOP", "TERM") instead."""
     env = dict(env)
     if fault:
         env["CELERY_SCHEDULER_FAULT"] = fault
+    if fault_signal:
+        env["CELERY_SCHEDULER_FAULT_SIGNAL"] = fault_signal
     with log_path.open("ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             [

@@ -12,6 +12,7 @@ leave none of its shards leased.
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import subprocess
@@ -69,10 +70,10 @@ def test_sigterm_at_random_points_stops_within_the_bound_and_releases_the_shards
         beat = support.start_beat(env, log)
         try:
             node = support.wait_until(
-                lambda pid=beat.pid: _node_of(pid), timeout=60, what=f"beat {n} to heartbeat"
+                functools.partial(_node_of, beat.pid), timeout=60, what=f"beat {n} to heartbeat"
             )
             support.wait_until(
-                lambda node=node: ShardLease.objects.filter(owner=node).exists(),
+                ShardLease.objects.filter(owner=node).exists,  # (queries on every call)
                 timeout=30,
                 what=f"beat {n} to lease shards",
             )
@@ -118,3 +119,45 @@ def test_sigterm_at_random_points_stops_within_the_bound_and_releases_the_shards
     print(f"stop times (s): {[round(t, 2) for t in took]}")
     if failures:
         pytest.fail("\n".join(failures) + "\n" + support.tail(tmp_path / "beat0.log"))
+
+
+#: One-off rows due together, published in one burst wave.
+WAVE_ROWS = 40
+
+
+def test_a_stop_after_the_publish_waits_for_the_marks_and_nothing_is_sent_twice(
+    redis_url: str, tmp_path: Path, settings: Any
+) -> None:
+    """SIGTERM (a deploy) lands between the broker accepting a wave and the marks' commit
+    (fault point ``relay.before_mark`` with ``CELERY_SCHEDULER_FAULT_SIGNAL=TERM``). The
+    beat must still commit the marks, then stop; a beat started after it must find nothing
+    to send. Before: Celery's handler unwound the wave, the marks rolled back, and the next
+    beat sent every message of the wave a second time."""
+    from collections import Counter
+    from datetime import timedelta
+
+    from celery_scheduler.core.clock import SYSTEM_CLOCK
+    from django_app.models import OutboxEntry
+
+    env = support.process_env(redis_url)
+    stopping = support.start_beat(
+        env, tmp_path / "beat0.log", fault="relay.before_mark", fault_signal="TERM"
+    )
+    with support.running(stopping):
+        support.wait_until(
+            BeatNode.objects.exists, timeout=90, what="beat 0 to heartbeat"
+        )  # fmt: skip
+        due = SYSTEM_CLOCK.now() + timedelta(seconds=8)
+        for i in range(WAVE_ROWS):
+            api.create_schedule(name=f"once-{i}", task="billing.ping", run_at=due)
+        stopping.wait(timeout=60)  # stopped by its own SIGTERM after the publish
+    assert OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0, support.tail(
+        tmp_path / "beat0.log"
+    )
+    with support.running(support.start_beat(env, tmp_path / "beat1.log")):
+        support.wait_until(BeatNode.objects.exists, timeout=90, what="beat 1 to heartbeat")
+        time.sleep(3)  # a few polls: it must find nothing left to send
+    on_broker = Counter(support.broker_task_ids(redis_url))
+    assert len(on_broker) == WAVE_ROWS
+    assert set(on_broker.values()) == {1}, on_broker
+    assert set(OutboxEntry.objects.values_list("publish_count", flat=True)) == {1}

@@ -21,7 +21,7 @@ from django.db import connection
 
 from celery_scheduler import api
 from django_app.models import Occurrence, OutboxEntry
-from django_app.reconcile import reconcile
+from django_app.operations.reconcile import reconcile
 
 from . import support
 

@@ -25,10 +25,11 @@ from django.db.models import Count
 
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app import conf, lifecycle
+from django_app import conf
 from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.schedules import lifecycle
 from tests.acceptance.support import database_url
-from tests.integration.test_relay_publisher import read_queue
+from tests.integration.relay.test_relay_publisher import read_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = 2000

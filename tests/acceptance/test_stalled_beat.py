@@ -4,7 +4,7 @@ Two real beats on PostgreSQL or MariaDB + Redis. One-off schedules come due toge
 whichever beat claimed them ahead is frozen with SIGSTOP just before their instant (on
 PostgreSQL its burst wave's transaction is open, the occurrence rows locked; MariaDB's
 lookahead relay holds only the durable claims until the instant, and a stall inside its
-short publishing transaction is proven in ``tests/integration/test_relay_stall_bound.py``)
+short publishing transaction is proven in ``tests/integration/relay/test_relay_stall_bound.py``)
 and stays frozen for ``STALL`` seconds. Before, the
 claims lasted the row's time plus ``lease_seconds`` (30 s) and the row locks as long as the
 process was frozen: the rows went out when it was resumed, ``STALL`` seconds late. Now the
@@ -86,8 +86,7 @@ def test_a_stopped_beats_claims_are_published_by_the_other_beat_within_the_bound
             holder.send_signal(signal.SIGCONT)
         time.sleep(3)  # the resumed beat must not publish its (lapsed) rows again
     lags = sorted(
-        (o.outbox.sent_at - o.available_at).total_seconds()
-        for o in Occurrence.objects.filter(id__in=claimed).select_related("outbox")
+        _publish_lag(o) for o in Occurrence.objects.filter(id__in=claimed).select_related("outbox")
     )
     print(f"holder held {held}/{ROWS} rows; their lags (s): {[round(x, 2) for x in lags]}")
     assert len(lags) == len(claimed) == held
@@ -95,6 +94,13 @@ def test_a_stopped_beats_claims_are_published_by_the_other_beat_within_the_bound
     on_broker = Counter(support.broker_task_ids(redis_url))
     assert set(on_broker) == {str(i) for i in Occurrence.objects.values_list("id", flat=True)}
     assert set(on_broker.values()) == {1}, on_broker
+
+
+def _publish_lag(o: Occurrence) -> float:
+    """Seconds from the occurrence's release to its outbox row's publish (it must be sent)."""
+    sent_at = o.outbox.sent_at
+    assert sent_at is not None, f"occurrence {o.id} was never published"
+    return (sent_at - o.available_at).total_seconds()
 
 
 def _stopped(pid: int) -> bool:
@@ -120,9 +126,8 @@ def test_a_beat_stopped_inside_its_publishing_transaction_loses_its_session(
     settings.CELERY_SCHEDULER = {"shard_count": 8}
     env = support.process_env(redis_url, CELERY_SCHEDULER_SHARDS="8")
     stopping = support.start_beat(
-        {**env, "CELERY_SCHEDULER_FAULT_SIGNAL": "STOP"}, tmp_path / "beat0.log",
-        fault="relay.before_publish",
-    )  # fmt: skip
+        env, tmp_path / "beat0.log", fault="relay.before_publish", fault_signal="STOP"
+    )
     with support.running(stopping):
         support.wait_until(
             lambda: BeatNode.objects.count() == 1, timeout=90, what="beat 0 to heartbeat"
@@ -157,10 +162,7 @@ def test_a_beat_stopped_inside_its_publishing_transaction_loses_its_session(
                 time.sleep(max(0.0, remaining))
                 stopping.send_signal(signal.SIGCONT)
             time.sleep(3)  # the resumed beat must not publish its rows again
-    lags = sorted(
-        (o.outbox.sent_at - o.available_at).total_seconds()
-        for o in Occurrence.objects.select_related("outbox")
-    )
+    lags = sorted(_publish_lag(o) for o in Occurrence.objects.select_related("outbox"))
     print(f"lags (s), beat 1 started after the claims: {[round(x, 2) for x in lags]}")
     assert len(lags) == ROWS
     # Published while beat 0 was still stopped: the server, not the resume, freed the rows.

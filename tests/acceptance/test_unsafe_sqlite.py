@@ -12,7 +12,7 @@ import pytest
 
 from celery_scheduler import errors
 from django_app.compat import DJANGO_51
-from django_app.database_checks import sqlite_problems
+from django_app.db.checks import sqlite_problems
 from tests.acceptance.support import ROOT
 
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}

@@ -105,13 +105,13 @@ class Pump(threading.Thread):
         from django.db import connection
 
         from celery_scheduler.core.clock import SYSTEM_CLOCK
-        from django_app import worker
-        from django_app.relay import relay_due
+        from django_app.relay.batch import relay_due
+        from django_app.worker import finish
 
         try:
             while not self._stop_event.wait(0.1):
                 relay_due(clock=SYSTEM_CLOCK, publisher=self.publisher)
-                worker.reap_expired(clock=SYSTEM_CLOCK)
+                finish.reap_expired(clock=SYSTEM_CLOCK)
         except BaseException as exc:
             self.errors.append(exc)
         finally:

@@ -32,6 +32,7 @@ def effect(seconds: float = 0.0, read: str = "") -> dict[str, int]:
     from django_app.models import Occurrence
 
     occurrence_id = current_occurrence_id()
+    assert occurrence_id is not None, "runs only as a scheduled occurrence"
     backend_file = os.environ.get("ACCEPTANCE_BACKEND_FILE")
     if backend_file:
         connection.ensure_connection()

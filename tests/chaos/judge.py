@@ -450,8 +450,8 @@ def judge(
 
     scheduler_says: dict[tuple[str, datetime], list[str]] = defaultdict(list)
     for item in [*(reconcile or {}).get("expected", []), *(reconcile or {}).get("unexpected", [])]:
-        key = (item["schedule_id"], datetime.fromisoformat(item["scheduled_for"]))
-        scheduler_says[key].append(f"v{item['version']} {item['state'] or item['status']}")
+        fire = (item["schedule_id"], datetime.fromisoformat(item["scheduled_for"]))
+        scheduler_says[fire].append(f"v{item['version']} {item['state'] or item['status']}")
 
     # -- every MUST ran --------------------------------------------------------------------
     judged = 0
@@ -523,11 +523,11 @@ def judge(
             continue  # unsettled times are not judged
         if s.create.get("poison") and is_poisoned(sid, t) and (sid, t) not in cured:
             continue  # DEAD by design until cured
-        invalidated = any(
+        bumped_after_start = any(
             c.get("ok") and c["op"] in BUMPS and c.get("changed", True)
             and c["end"] > a["started_at"] for c in s.calls
         )  # fmt: skip
-        if invalidated:
+        if bumped_after_start:
             continue  # re-queued after a crash, then invalidated while waiting: allowed
         verdict.add("abandoned", f"{s.key}: {_fmt(t)} started at {_fmt(a['started_at'])} "
                     f"(pid {a['pid']}, v{a['version']}) and never finished",
@@ -572,8 +572,8 @@ def judge(
             )
 
     # -- tenant schedule quota -------------------------------------------------------------
-    for slug, t in tenants.items():
-        quota = t.get("max_schedules")
+    for slug, tenant_row in tenants.items():
+        quota = tenant_row.get("max_schedules")
         if not quota:
             continue
         live_floor = 0  # schedules certainly live: created, not one-off, not canceled yet

@@ -38,8 +38,8 @@ from django.utils.dateparse import parse_datetime
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app import lifecycle, validation
 from django_app.models import Schedule
+from django_app.schedules import lifecycle, validation
 
 PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
 

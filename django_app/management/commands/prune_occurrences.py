@@ -2,8 +2,8 @@
 [--idempotency-older-than DAYS] [--dry-run] [--json]``.
 
 Deletes old finished occurrences with their attempts and sent outbox rows, in short batches
-(see ``django_app.retention`` for exactly what may go). Meant to run daily from cron or as a
-scheduled task; safe to run while beat, relays and workers are running.
+(see ``django_app.operations.retention`` for exactly what may go). Meant to run daily from
+cron or as a scheduled task; safe to run while beat, relays and workers are running.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app.retention import MAX_BATCH, PruneReport, prune
+from django_app.operations.retention import MAX_BATCH, PruneReport, prune
 
 #: The oldest age an option accepts: a century is more history than any table keeps, and
 #: "now - DAYS" must stay inside datetime's range (99999999999 days raised OverflowError).

@@ -1,7 +1,8 @@
 """``manage.py reconcile --from ISO --to ISO [--json] [--schedule ID]``.
 
 Recomputes the occurrences that should exist in the window from schedule versions and the
-time rules alone, and compares them with the occurrence table (see ``django_app.reconcile``).
+time rules alone, and compares them with the occurrence table (see
+``django_app.operations.reconcile``).
 Streams: items are written as each chunk of schedules is judged, so memory stays bounded
 whatever the window.
 
@@ -28,7 +29,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app.reconcile import (
+from django_app.operations.reconcile import (
     ABSENT,
     UNEXPECTED,
     Item,

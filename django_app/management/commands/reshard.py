@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_app import conf
-from django_app.reshard import reshard
+from django_app.cluster.reshard import reshard
 
 
 class Command(BaseCommand):

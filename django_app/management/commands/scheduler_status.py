@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_app import health
+from django_app.operations import health
 
 
 class Command(BaseCommand):

@@ -1,0 +1,410 @@
+"""Set-based materializer for PostgreSQL: one transaction per batch of due schedules.
+
+Same contract as :mod:`django_app.materialize.per_schedule` (same rows, same cursor moves,
+same misfire plans), with the per-schedule round trips replaced by a handful of statements per
+batch:
+
+1. ``SELECT ... FOR UPDATE OF schedule SKIP LOCKED`` takes up to ``bulk_batch_size`` due
+   schedules in ``(next_run_at, id)`` order: nodes take disjoint rows, and lifecycle calls
+   (which lock the same rows) serialise with the batch instead of racing it;
+2. the fencing check: the batch's shard lease rows are locked in shard order and their
+   tokens compared; schedules of a shard whose token moved on are left untouched;
+3. fault point ``materialize.before_insert`` (once per batch); the catch-up slots of the
+   batch's tenants, reserved in one locked budget read-and-update
+   (:func:`django_app.materialize.per_schedule.reserve_catchup`);
+4. the firing and MISSED occurrences, ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
+   NOTHING RETURNING id`` in chunks; one outbox INSERT for the created firing ids;
+5. ``UPDATE schedule ... FROM unnest(...) WHERE id, version, next_run_at, state`` match what
+   was read; the row count must equal the batch's (the rows are locked, so it does). If it
+   does not, the batch rolls back and its schedules go through the per-schedule path.
+
+After commit: fault point ``materialize.after_commit`` (once per batch). Elsewhere than on
+PostgreSQL :func:`materialize_due_bulk` is
+:func:`django_app.materialize.per_schedule.materialize_due`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.enums import MisfirePolicy, ScheduleKind, ScheduleState
+from celery_scheduler.core.policies import PassPlan, plan_pass
+from celery_scheduler.errors import SchedulerError
+from celery_scheduler.faults import fault_point
+from django_app import conf
+from django_app.materialize import per_schedule as single
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.operations import observe
+
+logger = logging.getLogger(__name__)
+
+#: Schedule columns planning never reads (sent with each message, decoded for nothing here).
+PAYLOAD_FIELDS = ("args", "kwargs", "skip_times")
+#: Rows per INSERT statement (arrays per column: the parameter count does not grow).
+INSERT_CHUNK = 5_000
+
+
+class _BatchRejected(SchedulerError):
+    """Internal: the batch's cursor UPDATE matched fewer rows than it planned."""
+
+
+@dataclass(slots=True)
+class _Planned:
+    schedule: Schedule
+    plan: PassPlan
+
+
+def materialize_due_bulk(
+    *,
+    clock: Clock,
+    shards: Collection[int] | None = None,
+    shard_fencing: Mapping[int, int] | None = None,
+    horizon: timedelta | None = None,
+    batch_size: int | None = None,
+    node: str = "",
+) -> single.MaterializeReport:
+    """:func:`~django_app.materialize.per_schedule.materialize_due`, batch by batch (see module)."""
+    if connection.vendor != "postgresql":
+        return single.materialize_due(
+            clock=clock,
+            shards=shards,
+            shard_fencing=shard_fencing,
+            horizon=horizon,
+            batch_size=batch_size,
+            node=node,
+        )
+    cfg = conf.get()
+    horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
+    batch_size = batch_size or cfg.bulk_batch_size
+    fencing = dict(shard_fencing or {})
+    if shards is None and shard_fencing is not None:
+        shards = list(fencing)  # an empty mapping means "no shards held"
+    now = clock.now()
+    until = now + horizon
+    # The JSON payload columns are for the messages, not for planning: not read here.
+    due = Schedule.objects.due(until, shards).defer(*PAYLOAD_FIELDS).order_by("next_run_at", "id")
+    report = single.MaterializeReport()
+    lost: set[int] = set()
+    last: tuple[datetime, uuid.UUID] | None = None
+    oldest: datetime | None = None
+    while True:
+        page = due.exclude(shard__in=lost) if lost else due
+        if last is not None:
+            page = page.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
+        one, read = _batch(
+            page,
+            batch_size,
+            now=now,
+            until=until,
+            fencing=fencing,
+            lost=lost,
+            max_missed=cfg.max_missed_per_pass,
+        )
+        report += one
+        if read and oldest is None:
+            oldest = read[0].next_run_at
+        if len(read) < batch_size:
+            break
+        assert read[-1].next_run_at is not None
+        last = (read[-1].next_run_at, read[-1].id)
+    observe.materialized(report, oldest_cursor=oldest, now=now)
+    if report.stale_cursor or report.fenced or report.history_jumped or report.invalid:
+        logger.info("materialize(bulk) node=%s %s", node, report)
+    return report
+
+
+def _batch(
+    page: Any,
+    size: int,
+    *,
+    now: datetime,
+    until: datetime,
+    fencing: dict[int, int],
+    lost: set[int],
+    max_missed: int,
+) -> tuple[single.MaterializeReport, list[Schedule]]:
+    """One batch transaction; returns its counts and the schedules it read (for paging)."""
+    read: list[Schedule] = []
+    parked: list[tuple[Schedule, str, Exception]] = []
+    try:
+        with transaction.atomic():
+            read = list(page.select_for_update(skip_locked=True, of=("self",))[:size])
+            _attach_tenants(read)
+            report = _write_batch(
+                read,
+                now=now,
+                until=until,
+                fencing=fencing,
+                lost=lost,
+                max_missed=max_missed,
+                parked=parked,
+            )
+    except _BatchRejected:
+        # The batch rolled back, its catch-up slots with it: each schedule reserves anew.
+        logger.warning("bulk materializer: a batch's cursors moved; per-schedule fallback")
+        report = single.MaterializeReport()
+        for schedule in read:
+            if schedule.shard in lost:
+                continue
+            one = single.materialize_one(
+                schedule,
+                now=now,
+                until=until,
+                fencing_token=fencing.get(schedule.shard),
+                max_missed=max_missed,
+            )
+            if one.fenced:
+                lost.add(schedule.shard)
+            report += one
+        return report, read
+    for schedule, reason, exc in parked:
+        single.announce_parked(schedule, reason, exc)
+    fault_point("materialize.after_commit")
+    return report, read
+
+
+def _attach_tenants(schedules: list[Schedule]) -> None:
+    """Each schedule's tenant from one read of the batch's few tenants (a join would build
+    one Tenant object per row)."""
+    tenants = Tenant.objects.in_bulk({s.tenant_id for s in schedules})
+    for schedule in schedules:
+        schedule.tenant = tenants[schedule.tenant_id]
+
+
+def _write_batch(
+    read: list[Schedule],
+    *,
+    now: datetime,
+    until: datetime,
+    fencing: dict[int, int],
+    lost: set[int],
+    max_missed: int,
+    parked: list[tuple[Schedule, str, Exception]],
+) -> single.MaterializeReport:
+    """Plan, park and write one locked batch; fills ``parked`` for the caller to announce
+    after commit (a rolled-back batch parks nothing: the per-schedule fallback does)."""
+    fenced = _fence(sorted({s.shard for s in read if s.shard in fencing}), fencing)
+    lost.update(fenced)
+    seen = sum(s.shard not in fenced for s in read) + len(fenced)
+    invalid = 0
+    planned: list[_Planned] = []
+    memo: dict[tuple[Any, ...], PassPlan] = {}
+    for schedule in read:
+        if schedule.shard in fenced:
+            continue
+        try:
+            plan = _plan(schedule, now=now, until=until, max_missed=max_missed, memo=memo)
+        except (SchedulerError, ValueError) as exc:
+            # Park it (the row is locked and its shard fenced by this batch) instead of
+            # re-planning and logging it on every pass.
+            invalid += 1
+            reason = single.park(schedule, exc, now=now)
+            if reason:
+                parked.append((schedule, reason, exc))
+            continue
+        if plan.fire or plan.missed or plan.next_cursor != schedule.next_run_at:
+            planned.append(_Planned(schedule, plan))
+    if not planned:
+        return single.MaterializeReport(
+            schedules_seen=seen, invalid=invalid, parked=len(parked), fenced=len(fenced)
+        )
+    fault_point("materialize.before_insert")
+    # The batch's catch-up slots, for every tenant at once (one budget UPDATE per batch).
+    releases = single.reserve_catchup(((p.schedule, p.plan) for p in planned), now=now)
+    fire_rows: list[dict[str, Any]] = []
+    missed_rows: list[dict[str, Any]] = []
+    owner: dict[uuid.UUID, Schedule] = {}
+    for item in planned:
+        rows = single.build_fire_rows(item.schedule, item.plan, now=now, releases=releases)
+        fire_rows += rows
+        missed_rows += single.build_missed_rows(item.schedule, item.plan, now=now)
+        owner.update((row["id"], item.schedule) for row in rows)
+    created = insert_ignore(Occurrence, fire_rows)
+    created_missed = insert_ignore(Occurrence, missed_rows)
+    _insert_outbox([r for r in fire_rows if r["id"] in created], owner, now=now)
+    single.record_skipped_spans(
+        [(item.schedule, item.plan) for item in planned], now=now, max_missed=max_missed
+    )
+    done = _advance(planned, now=now)
+    for item in planned:
+        if item.plan.jumped is not None:
+            logger.warning(
+                "schedule %s: late fire times in [%s, %s) passed over without MISSED rows",
+                item.schedule.id,
+                item.plan.jumped[0].isoformat(),
+                item.plan.jumped[1].isoformat(),
+            )
+    return single.MaterializeReport(
+        schedules_seen=seen,
+        occurrences_created=len(created),
+        conflicts=len(fire_rows) + len(missed_rows) - len(created) - len(created_missed),
+        missed=len(created_missed),
+        completed=done,
+        fenced=len(fenced),
+        history_jumped=sum(item.plan.jumped is not None for item in planned),
+        invalid=invalid,
+        parked=len(parked),
+    )
+
+
+def _plan(
+    schedule: Schedule,
+    *,
+    now: datetime,
+    until: datetime,
+    max_missed: int,
+    memo: dict[tuple[Any, ...], PassPlan],
+) -> PassPlan:
+    """The schedule's pass plan; ``memo`` shares it between the batch's schedules with the
+    same timing and cursor (plans are pure and read-only: the top of the hour is mostly
+    a few expressions, such as ``0 * * * *``, over and over)."""
+    assert schedule.next_run_at is not None
+    # created_at only anchors an interval without start_at (single.trigger_for).
+    anchor = schedule.created_at if schedule.kind == ScheduleKind.INTERVAL.value else None
+    key = (
+        schedule.kind, schedule.cron, schedule.timezone, schedule.interval_seconds,
+        schedule.start_at, anchor, schedule.run_at, schedule.end_at,
+        schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_seconds,
+        schedule.catchup_cap,
+    )  # fmt: skip
+    if key not in memo:
+        memo[key] = _plan_one(schedule, now=now, until=until, max_missed=max_missed)
+    return memo[key]
+
+
+def _plan_one(schedule: Schedule, *, now: datetime, until: datetime, max_missed: int) -> PassPlan:
+    assert schedule.next_run_at is not None
+    return plan_pass(
+        single.trigger_for(schedule),
+        schedule.next_run_at,
+        now=now,
+        until=until,
+        policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
+        catchup_cap=schedule.catchup_cap,
+        max_missed=max_missed,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
+
+
+def _fence(shards: list[int], fencing: dict[int, int]) -> set[int]:
+    """Lock the lease rows (in shard order: no deadlock between nodes) and compare tokens.
+
+    The locks last until commit, so a takeover cannot bump a token between this check and
+    the batch's writes. Returns the shards whose token moved on.
+    """
+    if not shards:
+        return set()
+    rows = ShardLease.objects.select_for_update().filter(shard__in=shards).order_by("shard")
+    current = dict(rows.values_list("shard", "fencing_token"))
+    return {s for s in shards if current.get(s) != fencing[s]}
+
+
+def _pg_type(field: Any) -> str:
+    kind = str(field.db_type(connection))
+    return "varchar" if kind.startswith("varchar") else kind
+
+
+def insert_ignore(model: Any, rows: list[dict[str, Any]]) -> set[Any]:
+    """``INSERT ... ON CONFLICT DO NOTHING RETURNING pk`` of ``rows``; returns the pks
+    inserted (see :func:`_insert_sql` for the statement's shape)."""
+    pk = model._meta.pk
+    created: set[Any] = set()
+    for start in range(0, len(rows), INSERT_CHUNK):
+        sql, params = _insert_sql(model, rows[start : start + INSERT_CHUNK], skip={})
+        with connection.cursor() as cur:
+            cur.execute(f"{sql} ON CONFLICT DO NOTHING RETURNING {_quote(pk.column)}", params)
+            created.update(value for (value,) in cur.fetchall())
+    return created
+
+
+def _quote(name: str) -> str:
+    return str(connection.ops.quote_name(name))
+
+
+def _insert_sql(
+    model: Any, chunk: list[dict[str, Any]], *, skip: Collection[str]
+) -> tuple[str, list[Any]]:
+    """``INSERT INTO t (cols) SELECT v.*, <constants> FROM unnest(<arrays>) v``.
+
+    Python values go to psycopg as they are (uuid, aware datetime, int, str): Django's
+    per-value preparation cost more than the statement. A column with one value in every
+    row is a scalar parameter, not an array (most columns of a fresh occurrence); a
+    nullable column that is NULL in every row is left out (NULL default).
+    """
+    varying: list[tuple[Any, list[Any]]] = []
+    constant: list[tuple[Any, Any]] = []
+    for field in model._meta.concrete_fields:
+        if field.attname in skip:
+            continue
+        default = field.get_default()
+        values = [row.get(field.attname, default) for row in chunk]
+        first = values[0]
+        if all(v == first and type(v) is type(first) for v in values):
+            if first is not None or not field.null:
+                constant.append((field, first))
+        else:
+            varying.append((field, values))
+    names = ", ".join(_quote(f.column) for f, _ in varying + constant)
+    arrays = ", ".join(f"%s::{_pg_type(f)}[]" for f, _ in varying)
+    scalars = "".join(f", %s::{_pg_type(f)}" for f, _ in constant)
+    if varying:
+        source = f"SELECT v.*{scalars} FROM unnest({arrays}) AS v"
+    else:
+        source = f"SELECT {scalars[2:]} FROM generate_series(1, {len(chunk)})"
+    params = [v for _, v in constant] + [v for _, v in varying]  # placeholder order
+    return f"INSERT INTO {_quote(model._meta.db_table)} ({names}) {source}", params
+
+
+def _insert_outbox(
+    rows: list[dict[str, Any]], owner: dict[uuid.UUID, Schedule], *, now: datetime
+) -> None:
+    entries = [
+        {
+            "occurrence_id": row["id"],
+            "tenant_id": owner[row["id"]].tenant_id,
+            "shard": owner[row["id"]].shard,
+            "available_at": row["available_at"],
+            "priority": owner[row["id"]].priority,
+            "created_at": now,
+        }
+        for row in rows
+    ]
+    for start in range(0, len(entries), INSERT_CHUNK):
+        sql, params = _insert_sql(OutboxEntry, entries[start : start + INSERT_CHUNK], skip={"id"})
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+
+
+def _advance(planned: list[_Planned], *, now: datetime) -> int:
+    """The conditional cursor UPDATE for the whole batch; returns how many COMPLETED."""
+    table = connection.ops.quote_name(Schedule._meta.db_table)
+    active, completed = ScheduleState.ACTIVE.value, ScheduleState.COMPLETED.value
+    ids = [p.schedule.id for p in planned]
+    versions = [p.schedule.version for p in planned]
+    cursors = [p.schedule.next_run_at for p in planned]
+    nexts = [p.plan.next_cursor for p in planned]
+    states = [active if p.plan.next_cursor is not None else completed for p in planned]
+    sql = (
+        f"UPDATE {table} AS s SET next_run_at = v.next, state = v.state, updated_at = %s "
+        "FROM unnest(%s::uuid[], %s::integer[], %s::timestamptz[], %s::timestamptz[], "
+        "%s::varchar[]) AS v(id, version, cursor, next, state) "
+        "WHERE s.id = v.id AND s.version = v.version AND s.next_run_at = v.cursor "
+        "AND s.state = %s"
+    )
+    with connection.cursor() as cur:
+        cur.execute(sql, [now, ids, versions, cursors, nexts, states, active])
+        moved = cur.rowcount
+    if moved != len(planned):
+        raise _BatchRejected(f"cursor UPDATE matched {moved} of {len(planned)} schedule(s)")
+    return states.count(completed)

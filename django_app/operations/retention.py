@@ -1,0 +1,216 @@
+"""Retention: delete old finished occurrences (with their attempts and sent outbox rows).
+
+What may go, and why only that:
+
+- Occurrences in a terminal state (SUCCEEDED, MISSED, CANCELED, SKIPPED_OVERLAP; DEAD only
+  when asked, because DEAD rows are the dead-letter queue an operator replays from) whose
+  ``finished_at`` (or ``scheduled_for`` when it is NULL) is before the cutoff. Their Attempt
+  rows and their (sent) OutboxEntry rows go with them.
+- Never a non-terminal occurrence, and never an occurrence whose outbox row is still unsent:
+  that row is the relay's promise to publish, and deleting it would silently break it.
+- IdempotencyRecord rows only on a separate, explicit cutoff, and never one whose occurrence
+  still exists and can run again (non-terminal or DEAD): deleting a business key reopens the
+  door to a duplicate effect when a late redelivery of that occurrence arrives.
+- ScheduleVersion rows are kept: the reconciler recomputes expected occurrences from them.
+
+Each batch is its own short transaction (select at most ``batch_size`` ids, locked with
+``FOR UPDATE SKIP LOCKED`` on PostgreSQL, then delete by id), so a running scheduler waits
+at most one batch for any row and a worker touching a row is skipped, not blocked on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.errors import ValidationError
+from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry
+
+#: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
+PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
+MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneReport:
+    """What a prune deleted (or, with ``dry_run``, would delete)."""
+
+    cutoff: datetime
+    dry_run: bool
+    include_dead: bool
+    occurrences: dict[str, int]
+    attempts: int
+    outbox: int
+    #: Old terminal occurrences kept because their outbox row is still unsent.
+    kept_unsent_outbox: int
+    batches: int
+    idempotency_cutoff: datetime | None = None
+    #: None when idempotency records were not in scope.
+    idempotency_records: int | None = None
+    states: tuple[str, ...] = field(default=PRUNABLE_STATES)
+
+    @property
+    def total_occurrences(self) -> int:
+        return sum(self.occurrences.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "cutoff": self.cutoff.isoformat(),
+            "include_dead": self.include_dead,
+            "states": list(self.states),
+            "occurrences": {state: self.occurrences.get(state, 0) for state in self.states},
+            "occurrences_total": self.total_occurrences,
+            "attempts": self.attempts,
+            "outbox": self.outbox,
+            "kept_unsent_outbox": self.kept_unsent_outbox,
+            "batches": self.batches,
+            "idempotency_cutoff": (
+                None if self.idempotency_cutoff is None else self.idempotency_cutoff.isoformat()
+            ),
+            "idempotency_records": self.idempotency_records,
+        }
+
+
+def _old_terminal(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurrence]:
+    return Occurrence.objects.filter(state__in=states).filter(
+        Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, scheduled_for__lt=cutoff)
+    )
+
+
+def _unsent_outbox() -> Exists:
+    return Exists(OutboxEntry.objects.unsent().filter(occurrence=OuterRef("pk")))
+
+
+def prunable_occurrences(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurrence]:
+    """Occurrences in ``states`` that finished (or were due) before ``cutoff``, outbox sent."""
+    return _old_terminal(states, cutoff).filter(~_unsent_outbox())
+
+
+def prunable_idempotency_records(cutoff: datetime) -> QuerySet[IdempotencyRecord]:
+    """Records older than ``cutoff`` whose occurrence is gone or can never run again."""
+    can_run_again = Occurrence.objects.filter(id=OuterRef("occurrence_id")).exclude(
+        state__in=PRUNABLE_STATES
+    )
+    return IdempotencyRecord.objects.filter(created_at__lt=cutoff).filter(~Exists(can_run_again))
+
+
+def prune(
+    *,
+    now: datetime,
+    older_than: timedelta,
+    batch_size: int = 1000,
+    include_dead: bool = False,
+    idempotency_older_than: timedelta | None = None,
+    dry_run: bool = False,
+) -> PruneReport:
+    """Delete (or count, with ``dry_run``) what the retention rules allow; see the module doc."""
+    _check_age("older_than", older_than)
+    if idempotency_older_than is not None:
+        _check_age("idempotency_older_than", idempotency_older_than)
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValidationError(
+            f"batch_size must be between 1 and {MAX_BATCH}, got {batch_size}", field="batch_size"
+        )
+    states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
+    cutoff = now - older_than
+    idem_cutoff = None if idempotency_older_than is None else now - idempotency_older_than
+    kept = _kept_unsent(states, cutoff)
+    if dry_run:
+        eligible = prunable_occurrences(states, cutoff)
+        per_state = eligible.order_by().values_list("state").annotate(n=Count("id"))
+        return PruneReport(
+            cutoff=cutoff,
+            dry_run=True,
+            include_dead=include_dead,
+            states=states,
+            occurrences=dict(per_state),
+            attempts=Attempt.objects.filter(occurrence__in=eligible).count(),
+            outbox=OutboxEntry.objects.filter(occurrence__in=eligible).count(),
+            kept_unsent_outbox=kept,
+            batches=0,
+            idempotency_cutoff=idem_cutoff,
+            idempotency_records=(
+                None if idem_cutoff is None else prunable_idempotency_records(idem_cutoff).count()
+            ),
+        )
+    deleted: Counter[str] = Counter()
+    attempts = outbox = batches = 0
+    # Per state, oldest first: each batch walks the (state, scheduled_for) index from the
+    # old end, where the prunable rows are, instead of rescanning the whole table.
+    for state in states:
+        while True:
+            n_occ, n_att, n_out = _delete_occurrence_batch(state, cutoff, batch_size)
+            if not n_occ:
+                break
+            batches += 1
+            deleted[state] += n_occ
+            attempts += n_att
+            outbox += n_out
+    idem_deleted = None
+    if idem_cutoff is not None:
+        idem_deleted = 0
+        while n := _delete_idempotency_batch(idem_cutoff, batch_size):
+            batches += 1
+            idem_deleted += n
+    return PruneReport(
+        cutoff=cutoff,
+        dry_run=False,
+        include_dead=include_dead,
+        states=states,
+        occurrences=dict(deleted),
+        attempts=attempts,
+        outbox=outbox,
+        kept_unsent_outbox=kept,
+        batches=batches,
+        idempotency_cutoff=idem_cutoff,
+        idempotency_records=idem_deleted,
+    )
+
+
+def _check_age(name: str, age: timedelta) -> None:
+    if age <= timedelta(0):
+        raise ValidationError(f"{name} must be a positive age, got {age}", field=name)
+
+
+def _kept_unsent(states: tuple[str, ...], cutoff: datetime) -> int:
+    return _old_terminal(states, cutoff).filter(_unsent_outbox()).count()
+
+
+def _locked(qs: QuerySet[Any]) -> QuerySet[Any]:
+    # Rows another transaction holds (a replay of a DEAD row, a relay mark) are skipped
+    # this run rather than waited for; the eligibility filter is re-read under the lock.
+    if connection.features.has_select_for_update_skip_locked:
+        return qs.select_for_update(skip_locked=True)
+    return qs
+
+
+def _delete_occurrence_batch(state: str, cutoff: datetime, size: int) -> tuple[int, int, int]:
+    with transaction.atomic():
+        candidates = _locked(prunable_occurrences((state,), cutoff).order_by("scheduled_for"))
+        ids = list(candidates.values_list("id", flat=True)[:size])
+        if not ids:
+            return 0, 0, 0
+        attempts, _ = Attempt.objects.filter(occurrence_id__in=ids).delete()
+        sent = OutboxEntry.objects.filter(occurrence_id__in=ids, sent_at__isnull=False)
+        outbox, _ = sent.delete()
+        # One plain DELETE, no ORM cascade: should an unsent outbox row still point at one
+        # of these ids, the foreign key fails the batch instead of silently deleting it.
+        occurrences = Occurrence.objects.filter(id__in=ids)._raw_delete(connection.alias)
+        return occurrences, attempts, outbox
+
+
+def _delete_idempotency_batch(cutoff: datetime, size: int) -> int:
+    with transaction.atomic():
+        candidates = _locked(prunable_idempotency_records(cutoff).order_by("created_at"))
+        ids = list(candidates.values_list("id", flat=True)[:size])
+        if not ids:
+            return 0
+        deleted, _ = IdempotencyRecord.objects.filter(id__in=ids).delete()
+        return deleted

@@ -1,0 +1,132 @@
+"""The queries written in several places, named once: the managers of the data-plane models.
+
+``Schedule.objects.due(until, shards)``: ACTIVE schedules whose cursor is at or before
+``until`` (the materializer's work; the ``schedule_due_by_shard`` index); ``live()``: not
+COMPLETED or CANCELED.
+
+``Occurrence.objects``: ``unclaimed()`` (may still be invalidated), ``running_leased(now)``
+and ``lease_expired(now)`` (RUNNING under a live or an expired lease), and
+``transition(target, ...)``: the one conditional state UPDATE, ``WHERE state IN
+sources_of(target) [AND fencing_token = ...]``, returning the row count. The module's
+:func:`transition` is its single-row form, with the row-count check.
+
+``OutboxEntry.objects``: ``unsent()``, ``due(until)`` (unsent and available by ``until``)
+and ``claimable(now, token)`` (no other relay holds the row).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models import Q
+
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.enums import ScheduleState
+from celery_scheduler.core.states import UNCLAIMED, sources_of, state_values
+
+#: Schedule states that are not an end (COMPLETED, CANCELED).
+LIVE_SCHEDULE_STATES = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.PARKED)
+
+if TYPE_CHECKING:  # the models import this module: the names are for the type checker
+    from django_app.models import Occurrence, OutboxEntry, Schedule  # noqa: F401
+
+
+class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    def due(self, until: datetime, shards: Collection[int] | None = None) -> ScheduleQuerySet:
+        """ACTIVE schedules (of ``shards``, if given) with ``next_run_at <= until``."""
+        due = self.filter(state=ScheduleState.ACTIVE.value, next_run_at__lte=until)
+        return due if shards is None else due.filter(shard__in=list(shards))
+
+    def live(self) -> ScheduleQuerySet:
+        """Not ended (ACTIVE, PAUSED, PARKED): what counts against ``max_schedules``."""
+        return self.filter(state__in=[s.value for s in LIVE_SCHEDULE_STATES])
+
+
+class OccurrenceQuerySet(models.QuerySet["Occurrence"]):
+    def unclaimed(self) -> OccurrenceQuerySet:
+        """Not claimed yet (SCHEDULED, ENQUEUED, RETRY_WAIT): may still be invalidated."""
+        return self.filter(state__in=state_values(UNCLAIMED))
+
+    def running_leased(self, now: datetime) -> OccurrenceQuerySet:
+        """RUNNING under a lease still live at ``now`` (its worker is presumed alive)."""
+        return self.filter(state=S.RUNNING.value, lease_expires_at__gt=now)
+
+    def lease_expired(self, now: datetime) -> OccurrenceQuerySet:
+        """RUNNING under a lease that expired before ``now`` (the reaper's work)."""
+        return self.filter(state=S.RUNNING.value, lease_expires_at__lt=now)
+
+    def transition(
+        self,
+        target: S,
+        *,
+        only_from: S | Iterable[S] | None = None,
+        if_token: int | None = None,
+        **fields: Any,
+    ) -> int:
+        """``UPDATE ... SET state = target, <fields> WHERE <this set> AND state IN
+        sources_of(target) [AND fencing_token = if_token]``; returns the row count.
+
+        ``only_from`` narrows the sources (the state read under a lock, or a writer's own
+        set such as UNCLAIMED); it never widens them, so an illegal move matches no row.
+        ``fields`` are the columns written besides the state (``fencing_token`` among them
+        sets the new token; ``if_token`` is the condition).
+        """
+        # A state value read from a row (a str) or a member: one source, never its letters.
+        within = (S(only_from),) if isinstance(only_from, str) else only_from
+        rows = self.filter(state__in=state_values(sources_of(target, within=within)))
+        if if_token is not None:
+            rows = rows.filter(fencing_token=if_token)
+        return rows.update(state=target.value, **fields)
+
+
+def transition(
+    occurrence_id: uuid.UUID,
+    target: S,
+    *,
+    only_from: S | Iterable[S] | None = None,
+    if_token: int | None = None,
+    stale: Callable[[], Exception] | None = None,
+    **fields: Any,
+) -> bool:
+    """Move one occurrence to ``target`` by the conditional UPDATE and check the row count.
+
+    True when the row moved. When it did not (another writer got there first: a newer
+    attempt, the reaper, a lifecycle call), raises ``stale()`` if given, else returns False;
+    it never overwrites.
+    """
+    from django_app.models import Occurrence
+
+    moved = Occurrence.objects.filter(pk=occurrence_id).transition(
+        target, only_from=only_from, if_token=if_token, **fields
+    )
+    if moved == 1:
+        return True
+    if stale is not None:
+        raise stale()
+    return False
+
+
+class OutboxQuerySet(models.QuerySet["OutboxEntry"]):
+    def unsent(self) -> OutboxQuerySet:
+        return self.filter(sent_at__isnull=True)
+
+    def due(self, until: datetime) -> OutboxQuerySet:
+        """Unsent rows available at or before ``until`` (the partial ``outbox_due`` index)."""
+        return self.filter(sent_at__isnull=True, available_at__lte=until)
+
+    def claimable(self, now: datetime, token: str) -> OutboxQuerySet:
+        """Rows nobody else holds: unclaimed, claimed by ``token``, or whose claim expired.
+
+        ``claimed_by`` stays on a sent row (who sent it) while its expiry is cleared, so a
+        row the worker side re-opens for a retry (``sent_at = NULL``) is free again at once.
+        """
+        return self.filter(
+            Q(claimed_by="")
+            | Q(claimed_by=token)
+            | Q(claim_expires_at__isnull=True)
+            | Q(claim_expires_at__lt=now)
+        )

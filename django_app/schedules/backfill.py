@@ -1,0 +1,179 @@
+"""Backfill: run the fire times of a past range of a schedule as occurrences, once.
+
+Identity. A backfilled time ``t`` is the occurrence ``occurrence_id(schedule, 0, t)``
+stored with ``schedule_version = 0`` (versions start at 1, so backfill has its own key
+space under the ``(schedule, schedule_version, scheduled_for)`` unique constraint) and
+``manual = True`` (like run now: it survives version changes and pauses, is never expected
+by the reconciler, and does not count against ``max_runs``). The rows are inserted with
+``ON CONFLICT DO NOTHING`` and an outbox row is written only for rows this call created, so
+backfilling the same range twice (or overlapping ranges) never runs a time twice.
+
+Times that already ran under the schedule are left out: a time with an occurrence of any
+version that is pending, running, succeeded or dead (``replay_occurrence`` is the way to
+re-run a dead one). Missed, canceled and skipped times are backfilled.
+
+Pacing. With the tenant's ``catchup_rate`` (per minute), the created occurrences become
+publishable one per ``60 / rate`` seconds in consecutive slots reserved from the tenant's
+shared catch-up budget (:func:`django_app.tenancy.budget.reserve_catchup`, the same one the
+materializers use for late fire times, across every node), so backfills and catch-up of one
+tenant queue behind each other; without a rate, all at once. The relay then publishes them
+like any due row (fair order, ``max_trigger_rate``), and the claim applies the overlap
+policy given here (default: the schedule's) and ``max_running``.
+
+Bounds. ``end`` must not be in the future, and one call covers at most
+``MAX_FIRE_TIMES`` fire times (``ValidationError`` on ``end`` beyond that: split the range).
+Everything is one transaction under the schedule row lock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from celery_scheduler import errors
+from celery_scheduler.api_types import BackfillReport
+from celery_scheduler.core import ids
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.enums import OverlapPolicy, ScheduleState
+from celery_scheduler.core.timemath import fire_times
+from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.schedules import validation
+from django_app.schedules.reads import BACKFILL_REASON, get_schedule
+from django_app.tenancy import budget
+
+#: Fire times one backfill call may create at most.
+MAX_FIRE_TIMES = 10_000
+#: The schedule_version of backfilled occurrences (a key space of their own).
+BACKFILL_VERSION = 0
+_RAN = [s.value for s in (S.SCHEDULED, S.ENQUEUED, S.RUNNING, S.RETRY_WAIT, S.SUCCEEDED, S.DEAD)]
+
+
+def backfill(
+    schedule_id: uuid.UUID | str,
+    start: datetime | str,
+    end: datetime | str,
+    *,
+    overlap_policy: str | None = None,
+    tenant: str | None = None,
+    now: datetime,
+) -> BackfillReport:
+    """See :func:`celery_scheduler.api.backfill`."""
+    lo = validation.aware_datetime(start, "start")
+    hi = validation.aware_datetime(end, "end")
+    if lo is None:
+        raise errors.ValidationError("start is required", field="start")
+    if hi is None:
+        raise errors.ValidationError("end is required", field="end")
+    if hi <= lo:
+        raise errors.ValidationError(
+            f"end ({hi.isoformat()}) must be after start ({lo.isoformat()})", field="end"
+        )
+    if hi > now:
+        raise errors.ValidationError(
+            f"end ({hi.isoformat()}) is in the future; backfill covers past fire times only",
+            field="end",
+        )
+    policy = ""
+    if overlap_policy is not None:
+        policy = validation.enum_member(OverlapPolicy, overlap_policy, "overlap_policy").value
+    get_schedule(schedule_id, tenant)  # not found / another tenant's, before any lock
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().get(pk=uuid.UUID(str(schedule_id)))
+        if schedule.state == ScheduleState.CANCELED:
+            raise errors.InvalidStateTransition(
+                f"schedule {schedule.id} is CANCELED; a canceled schedule cannot be backfilled"
+            )
+        times = _fire_times(schedule, lo, hi)
+        done = set(
+            Occurrence.objects.filter(
+                schedule=schedule, scheduled_for__gte=lo, scheduled_for__lt=hi
+            ).values_list("schedule_version", "scheduled_for", "state")
+        )
+        already_backfilled = {t for v, t, _ in done if v == BACKFILL_VERSION}
+        already_ran = {t for v, t, state in done if v != BACKFILL_VERSION and state in _RAN}
+        wanted = [t for t in times if t not in already_backfilled and t not in already_ran]
+        slots = _release_slots(schedule, len(wanted), now)
+        rows = [_row(schedule, t, at, policy, now) for t, at in zip(wanted, slots, strict=True)]
+        from django_app.materialize.per_schedule import insert_ignore
+
+        created = insert_ignore(Occurrence, rows)
+        OutboxEntry.objects.bulk_create(
+            OutboxEntry(
+                occurrence_id=row["id"], tenant_id=schedule.tenant_id, shard=schedule.shard,
+                available_at=row["available_at"], priority=schedule.priority,
+            )
+            for row in rows
+            if row["id"] in created
+        )  # fmt: skip
+        releases = [row["available_at"] for row in rows if row["id"] in created]
+        return BackfillReport(
+            schedule_id=schedule.id,
+            start=lo,
+            end=hi,
+            fire_times=len(times),
+            created=[row["id"] for row in rows if row["id"] in created],
+            already_backfilled=len(already_backfilled & set(times)) + (len(rows) - len(created)),
+            already_ran=len(already_ran & set(times)),
+            releases_from=min(releases) if releases else None,
+            releases_until=max(releases) if releases else None,
+        )
+
+
+def _fire_times(schedule: Schedule, lo: datetime, hi: datetime) -> list[datetime]:
+    """The fire times of the schedule's trigger in ``[lo, hi)``, at most MAX_FIRE_TIMES."""
+    from django_app.materialize.per_schedule import trigger_for
+
+    try:
+        trigger = trigger_for(schedule)
+        first = trigger.first_at_or_after(lo)
+    except (errors.SchedulerError, ValueError) as exc:
+        raise errors.ValidationError(
+            f"the schedule's timing cannot be planned: {exc}", field="start"
+        ) from exc
+    times: list[datetime] = []
+    if first is None or first >= hi:
+        return times
+    times.append(first)
+    for t in fire_times(trigger, first, until=hi):
+        if t >= hi:
+            break
+        times.append(t)
+        if len(times) > MAX_FIRE_TIMES:
+            raise errors.ValidationError(
+                f"[{lo.isoformat()}, {hi.isoformat()}) holds more than {MAX_FIRE_TIMES} fire "
+                "times; backfill it in smaller ranges",
+                field="end",
+            )
+    return times
+
+
+def _release_slots(schedule: Schedule, count: int, now: datetime) -> list[datetime]:
+    """When each of ``count`` new occurrences becomes publishable: consecutive slots of the
+    tenant's shared catch-up budget (the one late materializations use), or now."""
+    rate = Tenant.objects.values_list("catchup_rate", flat=True).get(pk=schedule.tenant_id)
+    if not rate or count == 0:
+        return [now] * count
+    first = budget.reserve_catchup({schedule.tenant_id: (rate, count)}, now)[schedule.tenant_id]
+    step = budget.catchup_interval(rate)
+    return [first + i * step for i in range(count)]
+
+
+def _row(
+    schedule: Schedule, t: datetime, at: datetime, policy: str, now: datetime
+) -> dict[str, Any]:
+    return {
+        "id": ids.occurrence_id(schedule.id, BACKFILL_VERSION, t),
+        "schedule_id": schedule.id,
+        "schedule_version": BACKFILL_VERSION,
+        "tenant_id": schedule.tenant_id,
+        "scheduled_for": t,
+        "available_at": at,
+        "state": S.SCHEDULED.value,
+        "manual": True,
+        "reason": BACKFILL_REASON,
+        "overlap_policy": policy,
+        "created_at": now,
+    }

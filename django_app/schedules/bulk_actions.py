@@ -1,0 +1,102 @@
+"""Bulk pause / resume / cancel of the schedules matching a filter.
+
+The filter is the one of ``list_schedules`` (validated first: a bad filter writes
+nothing). The matching ids are read once, in ``(created_at, id)`` order, then each
+schedule gets its own lifecycle call (its own transaction, its own row lock), so one
+schedule in the wrong state neither blocks nor hides the others: the report says, per
+schedule, ``changed``, ``unchanged`` (already in that state) or ``refused`` with the reason.
+A schedule changed concurrently between the read and its call is judged by its state at
+the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from celery_scheduler import errors
+from celery_scheduler.api_types import BulkItem, BulkOutcome, BulkReport
+from celery_scheduler.core.clock import Clock
+from django_app.schedules import lifecycle, validation
+from django_app.schedules.reads import filtered
+
+#: One call changes at most this many schedules; narrow the filter for more.
+MAX_BULK = 10_000
+
+Verb = Callable[..., lifecycle.LifecycleResult]
+
+
+def bulk(
+    action: str,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    tag: str | Mapping[str, str] | None = None,
+    name_contains: str | None = None,
+    next_run_before: datetime | None = None,
+    next_run_after: datetime | None = None,
+    note: str = "",
+    actor: str | None = None,
+    reason: str | None = None,
+    clock: Clock | None = None,
+) -> BulkReport:
+    """Apply ``action`` (pause, resume, cancel) to every schedule matching the filter.
+
+    Each schedule goes through the public (audited) API call, so the audit trail gets one
+    entry per schedule with ``actor`` and ``reason``.
+    """
+    from celery_scheduler import api
+    from django_app.schedules import audit
+
+    verbs: dict[str, Verb] = {
+        "pause": api.pause_schedule,
+        "resume": api.resume_schedule,
+        "cancel": api.cancel_schedule,
+    }
+    verb = verbs[action]
+    note = validation.checked_text(note, "note", max_length=500)
+    audit.check(actor, reason)  # before anything is changed
+    filters: dict[str, Any] = {
+        "tenant": tenant, "state": state, "task": task, "tag": tag,
+        "name_contains": name_contains, "next_run_before": next_run_before,
+        "next_run_after": next_run_after,
+    }  # fmt: skip
+    if all(v is None for v in filters.values()):
+        raise errors.ValidationError(
+            "give at least one filter (tenant, state, task, tag, name_contains, next_run_*); "
+            "a bulk change of every schedule is refused",
+            field="tenant",
+        )
+    matching = filtered(**filters).order_by("created_at", "id")
+    rows = list(matching.values_list("id", "name")[: MAX_BULK + 1])
+    if len(rows) > MAX_BULK:
+        raise errors.ValidationError(
+            f"more than {MAX_BULK} schedules match; narrow the filter", field="tenant"
+        )
+    extra = {"note": note} if action == "pause" and note else {}
+    items = []
+    for schedule_id, name in rows:
+        try:
+            result = verb(schedule_id, actor=actor, reason=reason, clock=clock, **extra)
+        except (errors.InvalidStateTransition, errors.ValidationError) as exc:
+            items.append(_item(schedule_id, name, BulkOutcome.REFUSED, str(exc)))
+            continue
+        except errors.ScheduleNotFound as exc:  # gone since the read (cannot happen today)
+            items.append(_item(schedule_id, name, BulkOutcome.REFUSED, str(exc)))
+            continue
+        outcome = BulkOutcome.CHANGED if result.changed else BulkOutcome.UNCHANGED
+        items.append(_item(schedule_id, name, outcome, result.describe(), state=str(result.state)))
+    return BulkReport(action=action, items=items)
+
+
+def _item(
+    schedule_id: Any, name: str, outcome: BulkOutcome, reason: str, *, state: str = ""
+) -> BulkItem:
+    if not state:
+        from django_app.models import Schedule
+
+        found = Schedule.objects.filter(pk=schedule_id).values_list("state", flat=True).first()
+        state = found or ""
+    return BulkItem(schedule_id=schedule_id, name=name, outcome=outcome, state=state, reason=reason)

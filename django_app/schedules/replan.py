@@ -1,0 +1,139 @@
+"""Where a new schedule version starts: invalidated times run again, times that ran never do.
+
+A lifecycle call that bumps the version (update, resume, and the beat_schedule sync through
+update) cancels the older versions' unclaimed occurrences. The times of those that nobody had
+claimed yet are planned again under the new version; a time that an older version claimed or
+finished (RUNNING, SUCCEEDED, RETRY_WAIT, DEAD, MISSED, SKIPPED_OVERLAP, or CANCELED after a
+claim) is never planned again, whatever the version: its new occurrence would have a new id,
+so the default idempotency key would not dedupe it and the effect would run twice.
+
+The set of times an older version "took" is frozen once the bump commits: a claim locks the
+schedule row and re-checks the version, so nothing of an older version is claimed after it.
+The lifecycle call therefore decides here, under the schedule row lock, and the materializers
+(per-schedule and set-based) need no extra check: when taken times lie at or after the
+re-plan start, this module materializes the span up to the last of them itself (skipping
+them) and leaves the cursor after it, so no materializer pass ever plans a taken time.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
+from celery_scheduler.core.policies import PassPlan, plan_pass
+from django_app import conf
+from django_app.materialize import per_schedule as single
+from django_app.models import Occurrence, OutboxEntry, Schedule
+
+#: An occurrence leaves its time free only if it was canceled before any claim (attempt 0).
+TAKEN = ~Q(state=OccurrenceState.CANCELED.value, attempt_count=0)
+
+
+def is_taken(state: str, attempt_count: int) -> bool:
+    """Python twin of :data:`TAKEN` (the reconciler filters rows it already loaded)."""
+    return not (state == OccurrenceState.CANCELED and attempt_count == 0)
+
+
+def earliest_never_claimed(schedule: Schedule) -> datetime | None:
+    """The earliest time whose occurrence the coming invalidation cancels before any claim.
+
+    Call before the version's unclaimed occurrences are canceled. RETRY_WAIT (and ENQUEUED
+    again after a lost lease) has been claimed: it is invalidated, but its time is not
+    re-planned.
+    """
+    return (
+        Occurrence.objects.unclaimed()
+        .filter(
+            schedule=schedule,
+            schedule_version__lte=schedule.version,
+            attempt_count=0,
+            manual=False,
+        )
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+        .first()
+    )
+
+
+def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> datetime | None:
+    """Plan the (already bumped) ``schedule.version`` from ``start``; returns the new cursor.
+
+    Without taken times at or after ``start`` that is ``start`` itself (the materializer
+    continues from there). Otherwise the span from ``start`` to the last taken time (or to
+    ``now`` if later, so the misfire policy sees every late time in one plan) is
+    materialized here, in the caller's transaction, without the taken times; the returned
+    cursor is the first fire time after that span (``None``: no fire time is left).
+    """
+    taken = set(
+        Occurrence.objects.filter(
+            schedule=schedule,
+            schedule_version__lt=schedule.version,
+            manual=False,
+            scheduled_for__gte=start,
+        )
+        .filter(TAKEN)
+        .values_list("scheduled_for", flat=True)
+    )
+    if not taken:
+        return start
+    until = max(max(taken), now)
+    cursor: datetime | None = start
+    # plan_pass bounds each plan; a long span takes a few (each is small).
+    while cursor is not None and cursor <= until:
+        plan = _plan(schedule, cursor, now=now, until=until)
+        _write(schedule, _without(plan, taken), now=now)
+        if plan.next_cursor is not None and plan.next_cursor <= cursor:
+            break  # no progress (cannot happen with a valid trigger); let the materializer go on
+        cursor = plan.next_cursor
+    return cursor
+
+
+def _plan(schedule: Schedule, cursor: datetime, *, now: datetime, until: datetime) -> PassPlan:
+    return plan_pass(
+        single.trigger_for(schedule),
+        cursor,
+        now=now,
+        until=until,
+        policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
+        catchup_cap=schedule.catchup_cap,
+        max_missed=conf.get().max_missed_per_pass,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
+
+
+def _without(plan: PassPlan, taken: set[datetime]) -> PassPlan:
+    return PassPlan(
+        fire=[t for t in plan.fire if t not in taken],
+        missed=[t for t in plan.missed if t not in taken],
+        late=frozenset(plan.late - taken),
+        next_cursor=plan.next_cursor,
+        jumped=plan.jumped,
+    )
+
+
+def _write(schedule: Schedule, plan: PassPlan, *, now: datetime) -> None:
+    """The rows a materializer pass would write for ``plan`` (same ids, same outbox rows).
+
+    Late CATCH_UP times take slots of the tenant's shared catch-up budget, as in the
+    materializer; the budget row is locked after the schedule row, the set-based
+    materializer's order.
+    """
+    releases = single.reserve_catchup([(schedule, plan)], now=now)
+    fire_rows = single.build_fire_rows(schedule, plan, now=now, releases=releases)
+    created = single.insert_ignore(Occurrence, fire_rows)
+    single.insert_ignore(Occurrence, single.build_missed_rows(schedule, plan, now=now))
+    OutboxEntry.objects.bulk_create(
+        OutboxEntry(
+            occurrence_id=row["id"],
+            tenant_id=schedule.tenant_id,
+            shard=schedule.shard,
+            available_at=row["available_at"],
+            priority=schedule.priority,
+        )
+        for row in fire_rows
+        if row["id"] in created
+    )

@@ -1,0 +1,139 @@
+"""Tenants: create, change quotas and relay weight, list with usage against each quota.
+
+Quotas are read from the tenant row by the code that enforces them, at the moment it
+enforces them (the create transaction locks the row; the claim locks it when it has
+``max_running``; the relay and the materializer read it per batch), so a change applies
+to the next create, claim, relay batch or materializer pass, with no restart or cache.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count
+
+from celery_scheduler import errors
+from celery_scheduler.api_types import TenantInfo, TenantUsage
+from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.schedules import validation
+
+QUOTA_FIELDS = ("max_schedules", "max_trigger_rate", "max_running", "catchup_rate")
+FIELDS = frozenset({"name", "relay_weight", *QUOTA_FIELDS})
+#: A quota above this is a typo, not a plan (and must fit a 32-bit column).
+MAX_QUOTA = 2_000_000_000
+MAX_RELAY_WEIGHT = 1000
+_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
+
+
+def info(tenant: Tenant) -> TenantInfo:
+    return TenantInfo(
+        slug=tenant.slug, name=tenant.name, max_schedules=tenant.max_schedules,
+        max_trigger_rate=tenant.max_trigger_rate, max_running=tenant.max_running,
+        catchup_rate=tenant.catchup_rate, relay_weight=tenant.relay_weight,
+        created_at=tenant.created_at,
+    )  # fmt: skip
+
+
+def _validate(values: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(values) - FIELDS)
+    if unknown:
+        raise errors.ValidationError(
+            f"Unknown tenant field(s) {unknown}; allowed: {sorted(FIELDS)}", field=unknown[0]
+        )
+    out: dict[str, Any] = {}
+    if "name" in values:
+        out["name"] = validation.checked_text(values["name"], "name", max_length=200)
+    for quota in QUOTA_FIELDS:
+        if quota in values:
+            # 0 is accepted and, like None, means no limit (as the enforcing code reads it).
+            out[quota] = validation.optional_int(values[quota], quota, 0, MAX_QUOTA)
+    if "relay_weight" in values:
+        out["relay_weight"] = validation.bounded_int(
+            values["relay_weight"], "relay_weight", default=1, low=1, high=MAX_RELAY_WEIGHT
+        )
+    return out
+
+
+def _slug(slug: Any) -> str:
+    if not isinstance(slug, str) or not _SLUG.match(slug):
+        raise errors.ValidationError(
+            f"slug must be 1-64 letters, digits, '-' or '_', got {slug!r}", field="slug"
+        )
+    return slug
+
+
+def create_tenant(slug: str, **values: Any) -> TenantInfo:
+    """See :func:`celery_scheduler.api.create_tenant`."""
+    slug = _slug(slug)
+    fields = _validate(values)
+    fields.setdefault("name", slug)
+    try:
+        with transaction.atomic():
+            tenant = Tenant.objects.create(slug=slug, **fields)
+    except IntegrityError:
+        raise errors.ValidationError(f"tenant {slug!r} already exists", field="slug") from None
+    return info(tenant)
+
+
+def _locked(slug: str) -> Tenant:
+    tenant = Tenant.objects.select_for_update().filter(slug=slug).first()
+    if tenant is None:
+        raise errors.ValidationError(f"Unknown tenant {slug!r}", field="tenant")
+    return tenant
+
+
+def update_tenant(slug: str, **changes: Any) -> TenantInfo:
+    """See :func:`celery_scheduler.api.update_tenant`."""
+    fields = _validate(changes)
+    with transaction.atomic():
+        tenant = _locked(slug)
+        for name, value in fields.items():
+            setattr(tenant, name, value)
+        if fields:
+            tenant.save(update_fields=list(fields))
+    return info(tenant)
+
+
+def get_tenant(slug: str) -> TenantInfo:
+    tenant = Tenant.objects.filter(slug=slug).first() if isinstance(slug, str) else None
+    if tenant is None:
+        raise errors.ValidationError(f"Unknown tenant {slug!r}", field="tenant")
+    return info(tenant)
+
+
+def list_tenants(*, now: datetime) -> list[TenantUsage]:
+    """Every tenant (by slug) with its usage: four grouped queries, not four per tenant."""
+    tenants = list(Tenant.objects.order_by("slug"))
+    schedules = _grouped(Schedule.objects.live())
+    running = _grouped(Occurrence.objects.running_leased(now))
+    published = _grouped(
+        # publish_count > 0: closed rows (invalidated, dropped, skipped) carry a sent_at too.
+        OutboxEntry.objects.filter(
+            sent_at__gt=now - timedelta(seconds=60), sent_at__lte=now, publish_count__gt=0
+        )
+    )
+    backlog = _grouped(
+        OutboxEntry.objects.unsent().filter(
+            occurrence__manual=False,
+            occurrence__schedule__misfire_policy="CATCH_UP",
+            occurrence__scheduled_for__lt=now,
+        )
+    )
+    return [
+        TenantUsage(
+            tenant=info(t),
+            schedules=schedules.get(t.id, 0),
+            running=running.get(t.id, 0),
+            published_last_minute=published.get(t.id, 0),
+            catchup_backlog=backlog.get(t.id, 0),
+            measured_at=now,
+        )
+        for t in tenants
+    ]
+
+
+def _grouped(qs: Any) -> dict[int, int]:
+    return dict(qs.values_list("tenant_id").annotate(n=Count("id")).order_by())

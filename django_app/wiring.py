@@ -1,0 +1,149 @@
+"""The composition root: which implementation backs each port of :mod:`celery_scheduler.ports`.
+
+Installed by the app config's ``ready()``, so ``django_app`` in ``INSTALLED_APPS`` is all the
+wiring a project does. The choices made here and nowhere else:
+
+- the relay: the burst relay (:mod:`django_app.relay.burst`) on PostgreSQL with a Redis or
+  AMQP broker unless ``CELERY_SCHEDULER["burst_relay"]`` says otherwise, else the lookahead
+  relay (:mod:`django_app.relay.batch`);
+- the publisher: the given one, else the broker's fast path or kombu
+  (:func:`celery_scheduler.publishers.celery_publisher`);
+- the materializer: per schedule, or set-based where the database allows
+  (:mod:`django_app.materialize`);
+- shard leases (:mod:`django_app.cluster.shards`) and the idempotency store
+  (:mod:`django_app.worker.idempotency`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from django.db import connection
+
+from celery_scheduler.core.clock import Clock
+from celery_scheduler.core.reports import MaterializeReport
+from celery_scheduler.ports import IdempotencyStore, Relay, ShardLeases, Stoppable
+from celery_scheduler.publishers import Publisher, celery_publisher
+from django_app import conf
+from django_app.cluster import reshard
+from django_app.cluster.shards import LeaseKeeper, ShardLeaser
+from django_app.db import checks
+from django_app.materialize import per_schedule
+from django_app.models import BeatNode, Schedule, ShardLease
+from django_app.operations import metrics_server, observe
+from django_app.relay import redelivery
+from django_app.relay.batch import LookaheadRelay
+from django_app.relay.burst import BurstRelay
+from django_app.schedules import beat_schedule
+from django_app.worker import finish, idempotency
+
+logger = logging.getLogger(__name__)
+
+
+class DatabaseMaterializer:
+    """The :class:`celery_scheduler.ports.Materializer` over the Django models."""
+
+    def materialize(
+        self,
+        *,
+        clock: Clock,
+        shards: Collection[int],
+        shard_fencing: Mapping[int, int] | None,
+        horizon: timedelta,
+        node: str,
+    ) -> MaterializeReport:
+        return per_schedule.materialize_due(
+            clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon, node=node
+        )
+
+    def due_shards(self, until: datetime) -> set[int]:
+        # No ordering: the model's ordering ("name") would join the DISTINCT and sort every
+        # due row by name.
+        return set(
+            Schedule.objects.due(until).order_by().values_list("shard", flat=True).distinct()
+        )
+
+    def count_due(self, *, until: datetime, shards: Collection[int] | None, limit: int) -> int:
+        return per_schedule.count_due_schedules(until=until, shards=shards, limit=limit)
+
+
+class DjangoBackend:
+    """The :class:`celery_scheduler.ports.Backend` of a Django project."""
+
+    def __init__(self) -> None:
+        self.materializer = DatabaseMaterializer()
+        # The module is the store: its run_once is the IdempotencyStore contract.
+        self.idempotency: IdempotencyStore = idempotency
+
+    def settings(self) -> conf.SchedulerSettings:
+        return conf.get()
+
+    def require_safe_database(self) -> None:
+        checks.require_safe_database()
+
+    def start_metrics_server(self, node: str) -> ThreadingHTTPServer | None:
+        return metrics_server.start_for_beat(node)
+
+    def new_relay(
+        self,
+        *,
+        app: Any,
+        clock: Clock,
+        publisher: Publisher | None,
+        node: str,
+        lookahead: timedelta,
+    ) -> Relay:
+        if publisher is None:
+            publisher = celery_publisher(app, timeout=conf.get().publish_timeout_seconds)
+        relay: Relay
+        url = app.conf.broker_write_url or app.conf.broker_url
+        if conf.burst_relay_enabled(connection.vendor, url):
+            relay = BurstRelay(clock=clock, publisher=publisher, node=node)
+        else:
+            relay = LookaheadRelay(clock=clock, publisher=publisher, node=node, lookahead=lookahead)
+        logger.info("beat %s: relay %s, publisher %s", node, type(relay).__name__,
+                    type(publisher).__name__)  # fmt: skip
+        return relay
+
+    def new_shard_leases(
+        self, node: str, clock: Clock, *, keeper: bool
+    ) -> tuple[ShardLeases, Stoppable | None]:
+        leaser = ShardLeaser(node, clock=clock)
+        reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
+        if not keeper:
+            return leaser, None
+        renewer = LeaseKeeper(leaser)
+        renewer.start()
+        return leaser, renewer
+
+    def check_shard_count(self, shard_count: int) -> None:
+        reshard.check(shard_count)
+
+    def count_owned_shards(self, shard_count: int, now: datetime) -> int:
+        return (
+            ShardLease.objects.filter(shard__lt=shard_count, expires_at__gt=now)
+            .exclude(owner="")
+            .count()
+        )
+
+    def stamp_progress(self, node: str, now: datetime) -> None:
+        BeatNode.objects.filter(name=node).update(progress_at=now)
+
+    def sync_beat_schedule(self, app: Any, clock: Clock) -> beat_schedule.SyncReport:
+        return beat_schedule.sync_app(app, clock=clock)
+
+    def reap_expired(self, clock: Clock, limit: int) -> int:
+        return finish.reap_expired(clock=clock, limit=limit)
+
+    def redelivery_timeout(self) -> timedelta | None:
+        return redelivery.configured_timeout()
+
+    def redeliver_lost(self, clock: Clock, limit: int, timeout: timedelta) -> int:
+        return redelivery.redeliver_lost(clock=clock, limit=limit, timeout=timeout)
+
+    def export_outbox_backlog(self, now: datetime) -> int:
+        return observe.export_outbox_backlog(now)

@@ -1,0 +1,381 @@
+"""The worker's ORM store: claim, renew, complete, fail, reap and replay occurrences.
+
+Every state change is a conditional UPDATE checked by row count (``WHERE state IN
+sources_of(target) AND fencing_token = %s``, :func:`django_app.querysets.transition`); a
+zero count raises :class:`errors.StaleWrite` instead of overwriting a newer attempt. The
+database, not Python, is the boundary.
+
+Lock order is schedule row, then occurrence row, then the tenant row (only when it sets
+``max_running``: counting its RUNNING occurrences under that lock makes the quota atomic),
+then concurrency slot rows. The lifecycle API locks schedule then occurrences, and a tenant
+row only to insert a new schedule, so claims cannot deadlock with pause or cancel. Locking
+the schedule row is also what makes the overlap policy atomic: two workers claiming
+occurrences of one schedule are serialized on it, so they cannot both see "none running".
+
+Unclaimed occurrences that must wait (QUEUE_ONE, tenant at max_running, no free slot) go
+back to the outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a
+new Attempt: waiting is not a try and does not burn the retry budget. Retries and
+lease-expiry recovery reset the outbox the same way, so the relay republishes the same
+occurrence id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import F, Max, Q
+
+from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.states import TERMINAL
+from django_app.db import checks
+from django_app.db.connections import reset_after_error
+from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
+from django_app.operations import observe
+from django_app.querysets import transition
+from django_app.tenancy import quotas
+from django_app.worker import limits
+from django_app.worker.finish import (
+    lease_or_default,
+    logger,
+    republish,
+    slot_owner,
+)
+
+#: How long an occurrence that must wait (QUEUE_ONE, no free slot) stays in the outbox.
+DEFER = timedelta(seconds=1)
+#: Marks the one occurrence a QUEUE_ONE schedule holds back while another runs.
+QUEUED_REASON = "overlap: queued behind a running occurrence"
+
+
+class ClaimOutcome(StrEnum):
+    CLAIMED = "CLAIMED"  # run the body under fencing_token
+    DUPLICATE = "DUPLICATE"  # running under a live lease, or already finished: do nothing
+    STALE = "STALE"  # old schedule version or canceled: recorded, now CANCELED
+    SKIPPED_OVERLAP = "SKIPPED_OVERLAP"
+    DEFERRED = "DEFERRED"  # back in the outbox until retry_at (overlap queue, no slot)
+    NOT_FOUND = "NOT_FOUND"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlotLease:
+    key: str
+    slot: int
+    fencing_token: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimResult:
+    outcome: ClaimOutcome
+    occurrence_id: uuid.UUID
+    fencing_token: int | None = None
+    attempt_number: int | None = None
+    #: Attempts since the last dead-letter (a replay gets a fresh budget), this one included.
+    attempts_in_run: int = 0
+    slot: SlotLease | None = None
+    retry_at: datetime | None = None
+    reason: str = ""
+    #: The schedule's own retry bounds (None: use the task's or the settings' default).
+    max_attempts: int | None = None
+    deadline: datetime | None = None
+    #: The occurrence's tenant: its idempotency namespace and the scope of its slot names.
+    tenant_id: int | None = None
+    #: The tenant's slug (the metrics' label) and the claim's time (the run's start).
+    tenant: str = ""
+    started_at: datetime | None = None
+    #: Seconds the claimed message waited in the queue (an ENQUEUED occurrence's claim).
+    queued_seconds: float | None = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome is ClaimOutcome.CLAIMED
+
+
+def concurrency_key(schedule: Schedule) -> str:
+    """The slot key within the schedule's tenant (slots are scoped by tenant, not by name)."""
+    return schedule.concurrency_group or f"schedule:{schedule.pk}"
+
+
+def claim(
+    occurrence_id: uuid.UUID | str,
+    *,
+    worker: str,
+    clock: Clock | None = None,
+    lease: timedelta | None = None,
+    defer: timedelta = DEFER,
+) -> ClaimResult:
+    """Claim an occurrence for ``worker`` in one transaction, or say why not.
+
+    Order: duplicate check (RUNNING under a live lease, or finished), schedule version and
+    cancellation re-check, overlap policy, concurrency slot, then ``-> RUNNING`` with
+    ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
+    when the database cannot be reached: nothing was claimed, so the caller may retry.
+    """
+    checks.require_safe_database()  # once per process; refuses on unsafe SQLite
+    try:
+        result = _claim(uuid.UUID(str(occurrence_id)), worker, clock or SYSTEM_CLOCK, lease, defer)
+    except (OperationalError, InterfaceError) as exc:
+        reset_after_error()  # the caller's retry must not reuse a dead connection
+        raise errors.CoordinationUnavailable(
+            f"cannot claim occurrence {occurrence_id}: database unavailable ({exc})"
+        ) from exc
+    if result.queued_seconds is not None:  # observed once committed
+        observe.claimed(result.tenant, result.queued_seconds)
+    return result
+
+
+def _claim(
+    occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
+) -> ClaimResult:
+    lease = lease_or_default(lease)
+    # The tenant's slug rides along (one join, no extra round trip): the metrics' label.
+    owner = Occurrence.objects.filter(pk=occ_id).values_list("schedule_id", "tenant__slug").first()
+    if owner is None:
+        return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
+    schedule_id, tenant = owner
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().get(pk=schedule_id)
+        occ = Occurrence.objects.select_for_update().get(pk=occ_id)
+        now = clock.now()
+        state = S(occ.state)
+        live = state is S.RUNNING and occ.lease_expires_at and occ.lease_expires_at > now
+        if state in TERMINAL or state is S.DEAD or live:
+            observe.worker_event("duplicate_claims")
+            logger.info(
+                "duplicate delivery of occurrence %s (%s): body not run",
+                occ_id,
+                state,
+                extra={"event": "duplicate_claim", "occurrence_id": str(occ_id)},
+            )
+            return ClaimResult(outcome=ClaimOutcome.DUPLICATE, occurrence_id=occ_id, reason=state)
+        stale = _stale_reason(schedule, occ) or limits.over_max_runs(schedule, occ)
+        if stale:
+            return _mark_stale(occ, worker, now, stale)
+        held = _apply_overlap(schedule, occ, now, defer)
+        if held is not None:
+            return held
+        full = quotas.running_quota_full(occ.tenant_id, occ.pk, now)
+        if full:
+            return _defer(occ, now + defer, full)
+        token = occ.fencing_token + 1
+        slot = None
+        if schedule.concurrency_limit:
+            key = concurrency_key(schedule)
+            slot = _acquire_slot(
+                schedule.tenant_id, key, schedule.concurrency_limit,
+                slot_owner(occ_id, token), occ_id, now, lease,
+            )  # fmt: skip
+            if slot is None:
+                return _defer(occ, now + defer, f"waiting for a concurrency slot of {key}")
+        return _start(schedule, occ, worker, now, lease, slot, tenant)
+
+
+def _stale_reason(schedule: Schedule, occ: Occurrence) -> str:
+    if schedule.state == ScheduleState.CANCELED:
+        return "schedule canceled"
+    # Manual (run now) occurrences survive version bumps, as the lifecycle API leaves them.
+    if not occ.manual and occ.schedule_version != schedule.version:
+        return f"schedule version {occ.schedule_version} superseded by {schedule.version}"
+    return ""
+
+
+def _lose_previous(occ: Occurrence, now: datetime) -> None:
+    """A RUNNING occurrence whose lease expired: its attempt lost the lease."""
+    if occ.state == S.RUNNING:
+        Attempt.objects.filter(
+            occurrence_id=occ.pk, fencing_token=occ.fencing_token, outcome=AttemptOutcome.RUNNING
+        ).update(outcome=AttemptOutcome.LOST, finished_at=now, error="lease expired")
+
+
+def _transition(occ: Occurrence, target: S, **fields: object) -> None:
+    """Move ``occ`` to ``target`` iff its state and fencing token are still the ones read."""
+    transition(
+        occ.pk, target, only_from=S(occ.state), if_token=occ.fencing_token,
+        stale=lambda: errors.StaleWrite(
+            f"occurrence {occ.pk} changed under the claim lock ({occ.state})"
+        ),
+        **fields,
+    )  # fmt: skip
+
+
+def _mark_stale(occ: Occurrence, worker: str, now: datetime, reason: str) -> ClaimResult:
+    _lose_previous(occ, now)
+    token = occ.fencing_token + 1
+    number = occ.attempt_count + 1
+    _transition(
+        occ, S.CANCELED, fencing_token=token, attempt_count=number, finished_at=now,
+        reason=reason, lease_owner="", lease_expires_at=None,
+    )  # fmt: skip
+    Attempt.objects.create(
+        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker,
+        started_at=now, finished_at=now, outcome=AttemptOutcome.STALE, error=reason,
+    )  # fmt: skip
+    observe.worker_event("stale_occurrences")
+    logger.info(
+        "occurrence %s not run: %s",
+        occ.pk,
+        reason,
+        extra={"event": "occurrence_stale", "occurrence_id": str(occ.pk)},
+    )
+    return ClaimResult(outcome=ClaimOutcome.STALE, occurrence_id=occ.pk, reason=reason)
+
+
+def _apply_overlap(
+    schedule: Schedule, occ: Occurrence, now: datetime, defer: timedelta
+) -> ClaimResult | None:
+    # A backfilled occurrence may carry its own policy; everything else uses the schedule's.
+    policy = OverlapPolicy(occ.overlap_policy or schedule.overlap_policy)
+    if policy is OverlapPolicy.ALLOW:
+        return None
+    others = Occurrence.objects.filter(schedule_id=schedule.pk).exclude(pk=occ.pk)
+    if not others.running_leased(now).exists():
+        return None
+    if occ.attempt_count > 0:
+        # It already started once (its worker died and the reaper re-queued it, it failed
+        # transiently, or it was replayed): it is not "the next trigger", so the overlap
+        # policy does not drop it; it waits for the running one. (Checking only RUNNING
+        # missed every run the reaper had re-queued first, and RETRY_WAIT -> SKIPPED_OVERLAP
+        # is no legal transition: the claim raised StaleWrite and the run was stranded.)
+        return _defer(occ, now + defer, "overlap: re-claim waits for the running one")
+    waiting = others.unclaimed().filter(reason=QUEUED_REASON).exists()
+    if policy is OverlapPolicy.QUEUE_ONE and not waiting:
+        return _defer(occ, now + defer, QUEUED_REASON)
+    _lose_previous(occ, now)
+    _transition(occ, S.SKIPPED_OVERLAP, finished_at=now, reason="overlap: another is running")
+    observe.worker_event("overlap_skips")
+    logger.info(
+        "occurrence %s skipped: schedule %s already running (%s)",
+        occ.pk,
+        schedule.pk,
+        policy,
+        extra={"event": "overlap_skip", "occurrence_id": str(occ.pk)},
+    )
+    return ClaimResult(
+        outcome=ClaimOutcome.SKIPPED_OVERLAP, occurrence_id=occ.pk, reason=str(policy)
+    )
+
+
+def _defer(occ: Occurrence, retry_at: datetime, reason: str) -> ClaimResult:
+    """Put an unclaimed occurrence back in the outbox until ``retry_at`` (no new Attempt)."""
+    if occ.state == S.RUNNING:  # expired lease being re-claimed: RUNNING -> ENQUEUED is illegal
+        _lose_previous(occ, retry_at)
+        target = S.RETRY_WAIT
+    else:
+        target = S.ENQUEUED
+    _transition(
+        occ, target, retry_at=retry_at, reason=reason, lease_owner="", lease_expires_at=None
+    )
+    republish(occ, retry_at)
+    observe.worker_event("deferred")
+    return ClaimResult(
+        outcome=ClaimOutcome.DEFERRED, occurrence_id=occ.pk, retry_at=retry_at, reason=reason
+    )
+
+
+def _acquire_slot(
+    tenant_id: int,
+    key: str,
+    limit: int,
+    owner: str,
+    occ_id: uuid.UUID,
+    now: datetime,
+    lease: timedelta,
+) -> SlotLease | None:
+    """Take one of ``limit`` slots of the tenant's ``key`` that is free or expired.
+
+    Group names are chosen by tenants, so slots are keyed by (tenant, key): another
+    tenant's group of the same name is another set of rows. The rows are created on first
+    use (ON CONFLICT DO NOTHING). Each take is a conditional UPDATE; on PostgreSQL a
+    competing claimer blocks on the row and re-checks the condition after the first one
+    commits, so two claimers cannot both take one slot.
+    """
+    mine = ConcurrencySlot.objects.filter(tenant_id=tenant_id, key=key, slot__lt=limit)
+    have = set(mine.values_list("slot", flat=True))
+    if len(have) < limit:
+        ConcurrencySlot.objects.bulk_create(
+            [
+                ConcurrencySlot(tenant_id=tenant_id, key=key, slot=i)
+                for i in range(limit)
+                if i not in have
+            ],
+            ignore_conflicts=True,
+        )
+    free = Q(owner="") | Q(expires_at__lt=now)
+    candidates = mine.filter(free).order_by("slot").values_list("pk", "slot")
+    for pk, slot in list(candidates):
+        taken = (
+            ConcurrencySlot.objects.filter(free, pk=pk).update(
+                owner=owner,
+                occurrence_id=occ_id,
+                expires_at=now + lease,
+                fencing_token=F("fencing_token") + 1,
+            )
+            == 1
+        )
+        if taken:
+            token = ConcurrencySlot.objects.values_list("fencing_token", flat=True).get(pk=pk)
+            return SlotLease(key=key, slot=slot, fencing_token=token)
+    return None
+
+
+def _start(
+    schedule: Schedule,
+    occ: Occurrence,
+    worker: str,
+    now: datetime,
+    lease: timedelta,
+    slot: SlotLease | None,
+    tenant: str,
+) -> ClaimResult:
+    queued = _queued_since(occ)
+    _lose_previous(occ, now)
+    limits.count_run(schedule, occ, now)  # before the transition: reads attempt_count 0
+    token = occ.fencing_token + 1
+    number = occ.attempt_count + 1
+    _transition(
+        occ, S.RUNNING, fencing_token=token, attempt_count=number, lease_owner=worker,
+        lease_expires_at=now + lease, started_at=now, finished_at=None, retry_at=None, reason="",
+    )  # fmt: skip
+    Attempt.objects.create(
+        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker, started_at=now
+    )
+    last_dead = Attempt.objects.filter(
+        occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+    ).aggregate(n=Max("number"))["n"]
+    deadline = None
+    if schedule.deadline_seconds:
+        deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)
+    return ClaimResult(
+        outcome=ClaimOutcome.CLAIMED,
+        occurrence_id=occ.pk,
+        fencing_token=token,
+        attempt_number=number,
+        attempts_in_run=number - (last_dead or 0),
+        slot=slot,
+        max_attempts=schedule.max_attempts,
+        deadline=deadline,
+        tenant_id=occ.tenant_id,
+        tenant=tenant,
+        started_at=now,
+        queued_seconds=None if queued is None else (now - queued).total_seconds(),
+    )
+
+
+def _queued_since(occ: Occurrence) -> datetime | None:
+    """When the message being claimed was published, for an ENQUEUED occurrence.
+
+    ``enqueued_at`` keeps the first publish; a retry or a deferred claim is published again
+    at its ``retry_at`` (the outbox row's new ``available_at``), so the later of the two is
+    when this message entered the queue. None for a re-claim of an expired RUNNING lease.
+    """
+    if occ.state != S.ENQUEUED or occ.enqueued_at is None:
+        return None
+    if occ.retry_at is not None and occ.retry_at > occ.enqueued_at:
+        return occ.retry_at
+    return occ.enqueued_at

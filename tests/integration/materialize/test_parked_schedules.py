@@ -1,0 +1,145 @@
+"""A schedule that cannot be planned is parked, not retried forever (issue 9, hole 6).
+
+The stored timing is corrupted behind the API's back (a raw UPDATE, as a bad data fix or a
+dropped time zone would), then materialize passes run: the schedule becomes PARKED with
+the reason on the row, the metric counts it once, one log line says so (not a traceback per
+pass), the other schedules of the same pass are still planned, and resume/update with a
+valid timing un-park it. Both materializer paths: the per-schedule one and (PostgreSQL)
+the set-based one.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from celery_scheduler import api, errors, metrics
+from celery_scheduler.core.clock import FrozenClock
+from django_app.materialize import per_schedule
+from django_app.materialize.per_schedule import materialize_due
+from django_app.models import Occurrence, Schedule
+
+NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+pytestmark = pytest.mark.django_db
+PARKED = "celery_scheduler_schedules_parked_total"
+
+
+@pytest.fixture(params=[False, True], ids=["per-schedule", "bulk"])
+def setup(
+    request: Any, settings: Any, tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    # bulk=True is the set-based path on PostgreSQL (elsewhere it falls back by design).
+    settings.CELERY_SCHEDULER = {"validate_task_names": False, "bulk_materialize": request.param}
+    if request.param and connection.vendor == "postgresql":
+
+        def per_schedule_park(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the set-based path must park within its batch")
+
+        monkeypatch.setattr(per_schedule, "_park_one", per_schedule_park)
+    clock = FrozenClock(NOW)
+    made = {
+        name: api.create_schedule(
+            tenant="acme", name=name, task="billing.ping", cron="* * * * *", clock=clock
+        )
+        for name in ("bad", "good", "also good")
+    }
+    metrics.reset()
+    return {"clock": clock, **made}
+
+
+def corrupt(schedule: Schedule, cron: str = "not a cron") -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE django_app_schedule SET cron = %s WHERE id = %s",
+            [cron, schedule.pk.hex if connection.vendor == "sqlite" else schedule.pk],
+        )
+
+
+def two_passes(clock: FrozenClock) -> list[Any]:
+    reports = []
+    for _ in range(2):
+        clock.advance(MINUTE)
+        reports.append(materialize_due(clock=clock, horizon=timedelta(0)))
+    return reports
+
+
+def test_invalid_stored_timing_is_parked_once_and_the_pass_goes_on(
+    setup: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    bad, clock = setup["bad"], setup["clock"]
+    corrupt(bad)
+    caplog.set_level(logging.DEBUG)
+    reports = two_passes(clock)
+    bad.refresh_from_db()
+    assert bad.state == "PARKED"
+    assert "not a cron" in bad.parked_reason
+    assert bad.parked_at == NOW + MINUTE
+    assert metrics.get_metrics().value(PARKED, tenant="acme") == 1
+    assert [r.parked for r in reports] == [1, 0]
+    # The others were planned in both passes.
+    for name in ("good", "also good"):
+        times = set(
+            Occurrence.objects.filter(schedule=setup[name]).values_list("scheduled_for", flat=True)
+        )
+        assert {NOW.replace(second=0) + MINUTE, NOW.replace(second=0) + 2 * MINUTE} <= times
+    assert not Occurrence.objects.filter(schedule=bad).exists()
+    mentions = [r for r in caplog.records if str(bad.pk) in r.getMessage()]
+    assert len(mentions) == 1, [r.getMessage() for r in mentions]
+    assert sum(r.exc_info is not None for r in caplog.records) <= 1
+
+
+def test_resume_with_a_valid_timing_unparks_and_an_invalid_one_stays_parked(
+    setup: dict[str, Any],
+) -> None:
+    bad, clock = setup["bad"], setup["clock"]
+    corrupt(bad)
+    two_passes(clock)
+    with pytest.raises(errors.ValidationError) as raised:
+        api.resume_schedule(bad.pk, clock=clock)
+    assert raised.value.field == "cron"
+    bad.refresh_from_db()
+    assert bad.state == "PARKED"
+    corrupt(bad, "*/5 * * * *")
+    result = api.resume_schedule(bad.pk, clock=clock)
+    assert result.state == "ACTIVE"
+    bad.refresh_from_db()
+    assert (bad.state, bad.parked_reason, bad.parked_at) == ("ACTIVE", "", None)
+    assert bad.next_run_at is not None
+    assert bad.next_run_at >= clock.now() - 5 * MINUTE
+    clock.advance(10 * MINUTE)
+    materialize_due(clock=clock, horizon=timedelta(0))
+    assert Occurrence.objects.filter(schedule=bad).exists()
+
+
+def test_update_with_a_valid_timing_unparks(setup: dict[str, Any]) -> None:
+    bad, clock = setup["bad"], setup["clock"]
+    corrupt(bad)
+    two_passes(clock)
+    result = api.update_schedule(bad.pk, cron="*/2 * * * *", clock=clock)
+    assert result.state == "ACTIVE"
+    bad.refresh_from_db()
+    assert (bad.state, bad.parked_reason, bad.cron) == ("ACTIVE", "", "*/2 * * * *")
+    clock.advance(5 * MINUTE)
+    materialize_due(clock=clock, horizon=timedelta(0))
+    assert Occurrence.objects.filter(schedule=bad).exists()
+
+
+def test_the_admin_lists_and_filters_parked_schedules_with_their_reason(
+    setup: dict[str, Any], admin_client: Any
+) -> None:
+    corrupt(setup["bad"])
+    two_passes(setup["clock"])
+    url = reverse("admin:django_app_schedule_changelist")
+    page = admin_client.get(url, {"state__exact": "PARKED"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert ">bad<" in html
+    assert ">good<" not in html
+    assert "cannot plan the stored timing" in html  # the reason, next to the badge
+    assert 'data-state="PARKED"' in html

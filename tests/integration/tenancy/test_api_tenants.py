@@ -1,0 +1,156 @@
+"""The tenant API: create, change quotas (applied at once), list with usage."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from itertools import pairwise
+from typing import Any
+
+import pytest
+
+from celery_scheduler import api, errors
+from celery_scheduler.api_types import TenantInfo, as_json
+from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.publishers import RecordingPublisher
+from django_app.models import Tenant
+from django_app.relay.batch import relay_due
+from django_app.worker import claim
+from django_app.worker.claim import ClaimOutcome
+from tests.integration.tenancy.test_tenant_fairness import NOW, seed
+from tests.integration.worker_support import make_occurrence, make_schedule
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_get_update_and_list_tenants(frozen_clock: FrozenClock) -> None:
+    info = api.create_tenant("acme", name="Acme", max_schedules=10, relay_weight=3)
+    assert isinstance(info, TenantInfo)
+    assert (info.slug, info.name, info.max_schedules, info.relay_weight) == ("acme", "Acme", 10, 3)
+    assert info.max_running is None
+
+    changed = api.update_tenant("acme", max_running=4, max_schedules=None, catchup_rate=30)
+    assert (changed.max_running, changed.max_schedules, changed.catchup_rate) == (4, None, 30)
+    assert changed.relay_weight == 3  # untouched
+    assert api.get_tenant("acme") == changed
+
+    api.create_schedule(name="a", task="billing.ping", cron="* * * * *", tenant="acme",
+                        clock=frozen_clock)  # fmt: skip
+    s = make_schedule(Tenant.objects.get(slug="acme"))
+    make_occurrence(s, frozen_clock.now(), state=OccurrenceState.ENQUEUED)
+    assert (
+        claim.claim(s.occurrences.get().id, worker="w", clock=frozen_clock).outcome
+        is ClaimOutcome.CLAIMED
+    )
+
+    usage = {u.tenant.slug: u for u in api.list_tenants(clock=frozen_clock)}
+    assert usage["acme"].schedules == 2
+    assert usage["acme"].running == 1
+    assert usage["acme"].measured_at == frozen_clock.now()
+    as_json(usage["acme"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"slug": "Not A Slug"}, "slug"),
+        ({"slug": ""}, "slug"),
+        ({"slug": "ok", "max_schedules": -1}, "max_schedules"),
+        ({"slug": "ok", "max_trigger_rate": "10"}, "max_trigger_rate"),
+        ({"slug": "ok", "max_running": True}, "max_running"),
+        ({"slug": "ok", "catchup_rate": 1.5}, "catchup_rate"),
+        ({"slug": "ok", "relay_weight": 0}, "relay_weight"),
+        ({"slug": "ok", "relay_weight": 100_000}, "relay_weight"),
+        ({"slug": "ok", "name": "x" * 201}, "name"),
+    ],
+)
+def test_bad_tenant_input_names_the_field_and_writes_nothing(kwargs: Any, field: str) -> None:
+    slug = kwargs.pop("slug")
+    with pytest.raises(errors.ValidationError) as info:
+        api.create_tenant(slug, **kwargs)
+    assert info.value.field == field
+    assert not Tenant.objects.exists()
+
+
+def test_duplicate_slug_and_unknown_tenant() -> None:
+    api.create_tenant("acme")
+    with pytest.raises(errors.ValidationError) as info:
+        api.create_tenant("acme")
+    assert info.value.field == "slug"
+    with pytest.raises(errors.ValidationError) as info:
+        api.update_tenant("nobody", max_running=1)
+    assert info.value.field == "tenant"
+    with pytest.raises(errors.ValidationError) as info:
+        api.update_tenant("acme", max_runing=1)  # a typo is not silently ignored
+    assert info.value.field == "max_runing"
+    with pytest.raises(errors.ValidationError):
+        api.update_tenant("acme", max_running=1, relay_weight=0)
+    assert Tenant.objects.get(slug="acme").max_running is None  # nothing written
+
+
+def test_max_schedules_change_applies_to_the_next_create(frozen_clock: FrozenClock) -> None:
+    api.create_tenant("acme", max_schedules=1)
+    make: dict[str, Any] = {
+        "task": "billing.ping",
+        "cron": "* * * * *",
+        "tenant": "acme",
+        "clock": frozen_clock,
+    }
+    api.create_schedule(name="one", **make)
+    with pytest.raises(errors.QuotaExceeded):
+        api.create_schedule(name="two", **make)
+    api.update_tenant("acme", max_schedules=2)
+    api.create_schedule(name="two", **make)
+
+
+def test_max_running_change_applies_to_the_next_claim(frozen_clock: FrozenClock) -> None:
+    api.create_tenant("acme", max_running=1)
+    t = Tenant.objects.get(slug="acme")
+    first = make_occurrence(make_schedule(t), frozen_clock.now())
+    second = make_occurrence(make_schedule(t), frozen_clock.now())
+    assert claim.claim(first.id, worker="w", clock=frozen_clock).claimed
+    assert claim.claim(second.id, worker="w", clock=frozen_clock).outcome is (ClaimOutcome.DEFERRED)
+    api.update_tenant("acme", max_running=2)
+    assert claim.claim(second.id, worker="w", clock=frozen_clock).claimed
+
+
+def test_trigger_rate_change_applies_to_the_next_relay_pass() -> None:
+    api.create_tenant("acme", max_trigger_rate=1)
+    t = Tenant.objects.get(slug="acme")
+    seed(t, [NOW - timedelta(seconds=1)] * 50)
+    clock = FrozenClock(NOW)
+    publisher = RecordingPublisher()
+    assert relay_due(clock=clock, publisher=publisher).published == 1
+    api.update_tenant("acme", max_trigger_rate=40)
+    clock.advance(1)
+    # At the old rate one second buys one message; at the new one it buys 40.
+    assert relay_due(clock=clock, publisher=publisher).published == 40
+
+
+def test_catchup_rate_change_applies_to_the_next_materializer_pass() -> None:
+    from django_app.materialize.per_schedule import materialize_due
+    from django_app.models import Occurrence
+
+    api.create_tenant("acme", catchup_rate=1)
+    clock = FrozenClock(NOW)
+    late: dict[str, Any] = {
+        "task": "billing.ping", "cron": "* * * * *", "misfire_policy": "CATCH_UP",
+        "catchup_cap": 3, "max_lateness": 1, "tenant": "acme", "clock": clock,
+    }  # fmt: skip
+    first = api.create_schedule(name="first", **late)
+    clock.advance(timedelta(minutes=3))
+    materialize_due(clock=clock, horizon=timedelta(0))
+
+    def spacing(schedule: Any) -> set[float]:
+        # The late ones, held back by the catch-up rate (on-time ones are not paced).
+        rows = Occurrence.objects.filter(schedule=schedule, state="SCHEDULED")
+        times = sorted(at for t, at in rows.values_list("scheduled_for", "available_at") if at > t)
+        assert len(times) == 3
+        return {(b - a).total_seconds() for a, b in pairwise(times)}
+
+    assert spacing(first) == {60.0}
+    api.update_tenant("acme", catchup_rate=60)
+    second = api.create_schedule(name="second", **late)
+    clock.advance(timedelta(minutes=3))
+    materialize_due(clock=clock, horizon=timedelta(0))
+    assert spacing(second) == {1.0}

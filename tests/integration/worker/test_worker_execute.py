@@ -1,0 +1,163 @@
+"""The run_occurrence wrapper: body in context, retries via the outbox, DEAD, replay."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_scheduler import errors
+from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.core.enums import AttemptOutcome
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.tasks import current_occurrence_id
+from django_app.models import Attempt, Occurrence, OutboxEntry
+from django_app.tasks import execute
+from django_app.worker import claim, finish
+from tests.integration.worker_support import make_occurrence, make_schedule
+
+pytestmark = pytest.mark.django_db
+app = Celery("execute-tests", set_as_current=False)
+seen: list[Any] = []
+flaky_calls = itertools.count()
+
+
+@app.task(name="t.ok")
+def ok(x: int) -> dict[str, Any]:
+    seen.append(current_occurrence_id())
+    return {"double": 2 * x}
+
+
+@app.task(name="t.transient", max_attempts=3)
+def transient() -> None:
+    raise errors.Throttled("slow down")
+
+
+@app.task(name="t.permanent")
+def permanent() -> None:
+    raise ValueError("customer id is malformed")
+
+
+@app.task(name="t.declared", permanent_errors=(ConnectionError,))
+def declared() -> None:
+    raise ConnectionError("treated as permanent by this task")
+
+
+def run(occ: Any, clock: FrozenClock) -> dict[str, Any]:
+    schedule = occ.schedule
+    return execute(
+        app, str(occ.id), schedule.task, schedule.args, schedule.kwargs,
+        worker_name="w", clock=clock, lease=timedelta(seconds=30),
+    )  # fmt: skip
+
+
+def test_success_runs_the_body_with_the_occurrence_in_context(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[21]), frozen_clock.now())
+    outcome = run(occ, frozen_clock)
+    assert outcome["outcome"] == "SUCCEEDED"
+    assert seen[-1] == str(occ.id)
+    row = Occurrence.objects.get(pk=occ.pk)
+    assert (row.state, row.result) == (S.SUCCEEDED, {"double": 42})
+    assert run(occ, frozen_clock)["outcome"] == "DUPLICATE"
+
+
+def test_transient_errors_retry_with_backoff_then_go_dead_and_replay_keeps_the_id(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    occ = make_occurrence(make_schedule(tenant, task="t.transient"), frozen_clock.now())
+    for attempt in (1, 2):
+        before = frozen_clock.now()
+        assert run(occ, frozen_clock)["outcome"] == "RETRY_WAIT"
+        row = Occurrence.objects.get(pk=occ.pk)
+        assert row.retry_at is not None
+        # full jitter: 0 <= delay <= base * 2**(attempt - 1)
+        assert before <= row.retry_at <= before + timedelta(seconds=2 ** (attempt - 1))
+        outbox = OutboxEntry.objects.get(occurrence=occ)
+        assert (outbox.sent_at, outbox.available_at) == (None, row.retry_at)
+        frozen_clock.advance(5)
+    outcome = run(occ, frozen_clock)
+    assert outcome["outcome"] == "DEAD"
+    assert "3 of 3 attempts" in outcome["reason"]
+    row = Occurrence.objects.get(pk=occ.pk)
+    assert row.state == S.DEAD
+    assert "Throttled: slow down" in row.last_error
+    outcomes = list(Attempt.objects.filter(occurrence=occ).values_list("outcome", flat=True))
+    assert outcomes == [AttemptOutcome.RETRY, AttemptOutcome.RETRY, AttemptOutcome.FAILED]
+    replayed = finish.replay_occurrence(occ.id, clock=frozen_clock)
+    assert replayed.id == occ.id
+    assert run(occ, frozen_clock)["outcome"] == "RETRY_WAIT"  # fresh budget after replay
+    assert Attempt.objects.filter(occurrence=occ).count() == 4
+
+
+def test_schedule_max_attempts_wins_over_the_task_option(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    schedule = make_schedule(tenant, task="t.transient", max_attempts=1)
+    occ = make_occurrence(schedule, frozen_clock.now())
+    assert run(occ, frozen_clock)["outcome"] == "DEAD"
+
+
+def test_retry_that_would_pass_the_deadline_goes_dead(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    schedule = make_schedule(tenant, task="t.transient", deadline_seconds=60)
+    occ = make_occurrence(schedule, frozen_clock.now() - timedelta(seconds=60))
+    outcome = run(occ, frozen_clock)
+    assert outcome["outcome"] == "DEAD"
+    assert "deadline" in outcome["reason"]
+
+
+@pytest.mark.parametrize("task", ["t.permanent", "t.declared", "t.not_registered"])
+def test_permanent_errors_go_straight_to_dead(
+    tenant: Any, frozen_clock: FrozenClock, task: str
+) -> None:
+    occ = make_occurrence(make_schedule(tenant, task=task), frozen_clock.now())
+    assert run(occ, frozen_clock)["outcome"] == "DEAD"
+    row = Occurrence.objects.get(pk=occ.pk)
+    assert (row.state, row.attempt_count) == (S.DEAD, 1)
+
+
+def test_database_down_at_claim_is_coordination_unavailable(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("connection refused")
+
+    occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[1]), frozen_clock.now())
+    monkeypatch.setattr(claim, "_claim", down)
+    with pytest.raises(errors.CoordinationUnavailable, match="database unavailable"):
+        run(occ, frozen_clock)
+    assert Occurrence.objects.get(pk=occ.pk).state == S.ENQUEUED
+
+
+@pytest.mark.parametrize("task", ["t.ok", "t.unknown"])
+def test_a_lost_outcome_write_is_logged_with_the_occurrence_id(
+    tenant: Any,
+    frozen_clock: FrozenClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    task: str,
+) -> None:
+    from django.db import OperationalError
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    occ = make_occurrence(make_schedule(tenant, task=task, args=[1]), frozen_clock.now())
+    monkeypatch.setattr(finish, "complete", down)
+    monkeypatch.setattr(finish, "fail", down)
+    with caplog.at_level("ERROR", logger="celery_scheduler.worker"):
+        outcome = run(occ, frozen_clock)
+    assert outcome["outcome"] in {"STALE_WRITE", "DEAD"}
+    lost = [r for r in caplog.records if r.getMessage().startswith("could not record")]
+    assert len(lost) == 1, caplog.text
+    assert str(occ.id) in lost[0].getMessage()
+    assert task not in lost[0].getMessage()
+    assert getattr(lost[0], "occurrence_id", None) == str(occ.id)

@@ -1,0 +1,88 @@
+"""Claims racing on PostgreSQL: threads with their own connections, released together."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.core.enums import OverlapPolicy
+from django_app.worker import claim
+from django_app.worker.claim import ClaimOutcome
+from tests.integration.worker_support import make_occurrence, make_schedule
+
+pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
+
+
+def race(calls: list[Callable[[], Any]]) -> list[Any]:
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = calls[i]()
+        except BaseException as exc:
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+def outcomes(results: list[Any]) -> Counter[str]:
+    return Counter(r.outcome.value if hasattr(r, "outcome") else repr(r) for r in results)
+
+
+def claimer(occ: Any, clock: FrozenClock, who: str) -> Callable[[], Any]:
+    return lambda: claim.claim(occ.id, worker=who, clock=clock, lease=timedelta(seconds=30))
+
+
+def test_twenty_workers_claim_one_occurrence_exactly_one_wins(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    occ = make_occurrence(make_schedule(tenant), frozen_clock.now())
+    results = race([claimer(occ, frozen_clock, f"w{i}") for i in range(20)])
+    assert outcomes(results) == {"CLAIMED": 1, "DUPLICATE": 19}
+
+
+def test_skip_if_running_two_racers_cannot_both_see_none_running(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    schedule = make_schedule(tenant, overlap_policy=OverlapPolicy.SKIP_IF_RUNNING.value)
+    occs = [make_occurrence(schedule, frozen_clock.now() + timedelta(minutes=i)) for i in range(10)]
+    results = race([claimer(o, frozen_clock, f"w{i}") for i, o in enumerate(occs)])
+    assert outcomes(results) == {"CLAIMED": 1, "SKIPPED_OVERLAP": 9}
+
+
+def test_queue_one_racers_hold_exactly_one(tenant: Any, frozen_clock: FrozenClock) -> None:
+    schedule = make_schedule(tenant, overlap_policy=OverlapPolicy.QUEUE_ONE.value)
+    occs = [make_occurrence(schedule, frozen_clock.now() + timedelta(minutes=i)) for i in range(10)]
+    results = race([claimer(o, frozen_clock, f"w{i}") for i, o in enumerate(occs)])
+    assert outcomes(results) == {"CLAIMED": 1, "DEFERRED": 1, "SKIPPED_OVERLAP": 8}
+
+
+def test_group_cap_of_two_holds_under_a_race(tenant: Any, frozen_clock: FrozenClock) -> None:
+    schedules = [
+        make_schedule(tenant, concurrency_limit=2, concurrency_group="reports") for _ in range(3)
+    ]
+    occs = [
+        make_occurrence(s, frozen_clock.now() + timedelta(minutes=i))
+        for s in schedules
+        for i in range(4)
+    ]
+    results = race([claimer(o, frozen_clock, f"w{i}") for i, o in enumerate(occs)])
+    assert outcomes(results) == {"CLAIMED": 2, "DEFERRED": 10}
+    slots = {r.slot.slot for r in results if r.outcome is ClaimOutcome.CLAIMED}
+    assert slots == {0, 1}
