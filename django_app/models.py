@@ -453,6 +453,8 @@ class OutboxEntry(models.Model):
     available_at = models.DateTimeField()
     priority = models.PositiveSmallIntegerField(default=0)
     sent_at = models.DateTimeField(null=True, blank=True)
+    #: Publishes since a worker last received the message (a worker sending it back, by a
+    #: deferral, a retry or a lost lease, starts it over): the redelivery backoff's count.
     publish_count = models.PositiveIntegerField(default=0)
     #: Relay claim (for databases without SKIP LOCKED, and to hold rows in a dispatcher).
     claimed_by = models.CharField(max_length=200, blank=True, default="")

@@ -170,6 +170,8 @@ def execute(
         ):
             _ran(claimed, clock)
         return {"outcome": "DEAD", "reason": error}
+    if not _lease_still_held(claimed, lease, clock):
+        return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
     heartbeat = Heartbeat(occurrence_id, token, lease, clock)
     heartbeat.start()
     try:
@@ -219,6 +221,21 @@ def execute(
     if ok:
         _ran(claimed, clock)
     return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
+
+
+def _lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock) -> bool:
+    """Whether the body may start: a claim older than one renewal period is renewed first.
+
+    A worker stalled between its claim and the body (SIGSTOP, a long pause, a frozen VM)
+    may have lost the lease meanwhile, to the reaper and perhaps to an update that then
+    cancelled the occurrence. Fencing rolls back the body's database writes, not what it
+    sends elsewhere, so a body never starts on a lease it cannot renew. The common case (the
+    body starts right after the claim) costs nothing.
+    """
+    assert claimed.fencing_token is not None and claimed.started_at is not None
+    if clock.now() - claimed.started_at < lease / 3:  # the heartbeat's renewal period
+        return True
+    return finish.renew(claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease)
 
 
 def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:

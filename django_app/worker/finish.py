@@ -41,9 +41,14 @@ def lease_or_default(lease: timedelta | None) -> timedelta:
 
 
 def republish(occ: Occurrence, at: datetime) -> None:
-    """Make the relay publish ``occ`` again (same id) at ``at``: reset its outbox row."""
+    """Make the relay publish ``occ`` again (same id) at ``at``: reset its outbox row.
+
+    A worker received the message (a deferral, a retry, a lost lease), so the count of
+    unanswered publishes starts over: the redelivery backoff must not read these copies as
+    a long queue (:func:`django_app.relay.redelivery.lost_after`).
+    """
     n = OutboxEntry.objects.filter(occurrence_id=occ.pk).update(
-        sent_at=None, available_at=at, claimed_by="", claim_expires_at=None
+        sent_at=None, available_at=at, claimed_by="", claim_expires_at=None, publish_count=0
     )
     if n == 0:  # occurrences created without an outbox row (imports, tests)
         shard, priority = Schedule.objects.values_list("shard", "priority").get(pk=occ.schedule_id)

@@ -117,6 +117,26 @@ def test_a_message_waiting_in_a_long_queue_is_copied_at_doubling_intervals(
     assert len(copies_at) == 9  # passes 1, 3, 7, 15, 23, ... 55; without the backoff: 60
 
 
+def test_copies_a_worker_received_do_not_lengthen_the_wait_for_a_lost_one(
+    clock: FrozenClock,
+) -> None:
+    """A worker that defers an occurrence (no concurrency slot yet), retries it or loses
+    its lease sends it back through the outbox: those publishes reached a worker, so they
+    say nothing of a long queue. The chaos soak lost a message the broker dropped after
+    three such publishes: it counted as lost only 8 timeouts later, after the run ended
+    (before: `assert 0 == 1`)."""
+    publisher = RecordingPublisher()
+    occ = published_once(clock, publisher)
+    for _ in range(3):  # received and sent back each time
+        clock.advance(2)
+        finish.republish(occ, clock.now())
+        relay_due(clock=clock, publisher=publisher)
+    assert publisher.task_ids == [str(occ.pk)] * 4
+    # The broker loses the last copy (a Redis restart): one timeout, as for a first publish.
+    clock.advance(TIMEOUT + 1)
+    assert redelivery.redeliver_lost(clock=clock) == 1
+
+
 def test_only_sent_unclaimed_enqueued_occurrences_are_redelivered(
     clock: FrozenClock, tenant: Any
 ) -> None:

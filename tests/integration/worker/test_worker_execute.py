@@ -161,3 +161,45 @@ def test_a_lost_outcome_write_is_logged_with_the_occurrence_id(
     assert str(occ.id) in lost[0].getMessage()
     assert task not in lost[0].getMessage()
     assert getattr(lost[0], "occurrence_id", None) == str(occ.id)
+
+
+def test_a_body_does_not_start_on_a_lease_that_lapsed_after_the_claim(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker stalled (SIGSTOP, a long GC pause, a frozen VM) between its claim and the
+    body: the lease lapsed, the reaper re-queued the occurrence, an update cancelled it.
+    Fencing would roll back the body's database writes, not an e-mail it sends, so the body
+    must not start. Found by the chaos soak (a body started 4 s after its occurrence was
+    cancelled); before: `assert [...] == []`, the body ran."""
+    occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[1]), frozen_clock.now())
+    real_claim = claim.claim
+
+    def claim_then_stall(*args: Any, **kwargs: Any) -> claim.ClaimResult:
+        claimed = real_claim(*args, **kwargs)
+        frozen_clock.advance(31)  # past the 30 s lease
+        assert finish.reap_expired(clock=frozen_clock) == 1
+        return claimed
+
+    monkeypatch.setattr(claim, "claim", claim_then_stall)
+    seen.clear()
+    outcome = run(occ, frozen_clock)
+    assert seen == []
+    assert outcome["outcome"] == "LEASE_LOST"
+    assert Occurrence.objects.get(pk=occ.pk).state == S.RETRY_WAIT
+
+
+def test_a_body_that_starts_late_under_its_own_lease_renews_it_and_runs(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow start with the lease still ours (nobody reaped it): the check renews it."""
+    occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[1]), frozen_clock.now())
+    real_claim = claim.claim
+
+    def claim_then_pause(*args: Any, **kwargs: Any) -> claim.ClaimResult:
+        claimed = real_claim(*args, **kwargs)
+        frozen_clock.advance(31)
+        return claimed
+
+    monkeypatch.setattr(claim, "claim", claim_then_pause)
+    assert run(occ, frozen_clock)["outcome"] == "SUCCEEDED"
+    assert seen[-1] == str(occ.id)
