@@ -232,7 +232,8 @@ def _lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock
     sends elsewhere, so a body never starts on a lease it cannot renew. The common case (the
     body starts right after the claim) costs nothing.
     """
-    assert claimed.fencing_token is not None and claimed.started_at is not None
+    assert claimed.fencing_token is not None
+    assert claimed.started_at is not None
     if clock.now() - claimed.started_at < lease / 3:  # the heartbeat's renewal period
         return True
     return finish.renew(claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease)

@@ -198,17 +198,7 @@ def materialize_one(
             missed_rows = build_missed_rows(schedule, plan, now=now)
             created_missed = insert_ignore(Occurrence, missed_rows)
             conflicts = len(fire_rows) + len(missed_rows) - len(created) - len(created_missed)
-            OutboxEntry.objects.bulk_create(
-                OutboxEntry(
-                    occurrence_id=row["id"],
-                    tenant_id=schedule.tenant_id,
-                    shard=schedule.shard,
-                    available_at=row["available_at"],
-                    priority=schedule.priority,
-                )
-                for row in fire_rows
-                if row["id"] in created
-            )
+            write_outbox(schedule, fire_rows, created)
             record_skipped_spans([(schedule, plan)], now=now, max_missed=max_missed)
             done = plan.next_cursor is None
             moved = Schedule.objects.filter(
@@ -404,6 +394,21 @@ def build_missed_rows(schedule: Schedule, plan: PassPlan, *, now: datetime) -> l
         )
         rows.append(row)
     return rows
+
+
+def write_outbox(schedule: Schedule, fire_rows: list[dict[str, Any]], created: set[Any]) -> None:
+    """The outbox rows of the fire rows this transaction inserted (``created``: their ids)."""
+    OutboxEntry.objects.bulk_create(
+        OutboxEntry(
+            occurrence_id=row["id"],
+            tenant_id=schedule.tenant_id,
+            shard=schedule.shard,
+            available_at=row["available_at"],
+            priority=schedule.priority,
+        )
+        for row in fire_rows
+        if row["id"] in created
+    )
 
 
 def insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:

@@ -25,7 +25,7 @@ from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from django_app import conf
 from django_app.materialize import per_schedule as single
-from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.models import Occurrence, Schedule
 
 #: An occurrence leaves its time free only if it was canceled before any claim (attempt 0).
 TAKEN = ~Q(state=OccurrenceState.CANCELED.value, attempt_count=0)
@@ -126,14 +126,4 @@ def _write(schedule: Schedule, plan: PassPlan, *, now: datetime) -> None:
     fire_rows = single.build_fire_rows(schedule, plan, now=now, releases=releases)
     created = single.insert_ignore(Occurrence, fire_rows)
     single.insert_ignore(Occurrence, single.build_missed_rows(schedule, plan, now=now))
-    OutboxEntry.objects.bulk_create(
-        OutboxEntry(
-            occurrence_id=row["id"],
-            tenant_id=schedule.tenant_id,
-            shard=schedule.shard,
-            available_at=row["available_at"],
-            priority=schedule.priority,
-        )
-        for row in fire_rows
-        if row["id"] in created
-    )
+    single.write_outbox(schedule, fire_rows, created)
