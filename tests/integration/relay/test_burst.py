@@ -25,36 +25,18 @@ from celery_scheduler import api
 from celery_scheduler.core import ids as core_ids
 from celery_scheduler.core.clock import FrozenClock, SystemClock
 from celery_scheduler.core.enums import OccurrenceState
-from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
+from celery_scheduler.publishers import RecordingPublisher
 from celery_scheduler.publishers.redis_fast import RedisFastPublisher
 from django_app import conf
 from django_app.materialize.set_based import materialize_due_bulk
 from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, Tenant
 from django_app.relay.batch import relay_due
 from django_app.relay.burst import BurstRelay
+from tests.integration.relay.test_relay_contract import TimedPublisher
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-class TimedPublisher(RecordingPublisher):
-    """Records the clock's time of every publish call; can block inside one."""
-
-    def __init__(self, clock: Any, gate: threading.Event | None = None) -> None:
-        super().__init__()
-        self.clock = clock
-        self.calls: list[tuple[datetime, float, list[str]]] = []
-        self.entered = threading.Event()
-        self.gate = gate
-
-    def publish(self, messages: Sequence[OccurrenceMessage]) -> None:
-        self.entered.set()
-        if self.gate is not None:
-            assert self.gate.wait(30)
-        super().publish(messages)
-        ids = [m.task_id for m in messages]
-        self.calls.append((self.clock.now(), time.monotonic(), ids))
 
 
 def seed(clock: Any, due: Sequence[tuple[datetime, int]]) -> list[Schedule]:
@@ -113,10 +95,10 @@ def test_each_row_is_published_once_never_before_its_time_and_marked_with_accept
     assert set(counts.values()) == {1}
     accepted: dict[str, datetime] = {}
     due = dict(Occurrence.objects.values_list("id", "available_at"))
-    for at, _, ids in publisher.calls:
-        for task_id in ids:
-            assert at >= due[uuid.UUID(task_id)]
-            accepted[task_id] = at
+    for at, _, messages in publisher.calls:
+        for message in messages:
+            assert at >= due[uuid.UUID(message.task_id)]
+            accepted[message.task_id] = at
     assert next(c[0] for c in publisher.calls) == NOW
     assert OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0
     for occ in Occurrence.objects.all():

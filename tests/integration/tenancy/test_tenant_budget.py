@@ -162,8 +162,9 @@ def test_a_rolled_back_batch_takes_no_tokens() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_wave_takes_the_tenants_tokens_and_leaves_the_rest() -> None:
     from django_app.relay.burst import BurstRelay
-    from tests.integration.relay.test_burst import TimedPublisher, drive
+    from tests.integration.relay.test_burst import drive
     from tests.integration.relay.test_burst import seed as seed_burst
+    from tests.integration.relay.test_relay_contract import TimedPublisher
 
     metrics.reset()
     clock = FrozenClock(NOW - timedelta(seconds=20))
