@@ -125,15 +125,11 @@ def create_schedule(
         celery_scheduler.errors.IdempotencyConflict: key reused with other content.
         celery_scheduler.errors.QuotaExceeded: the tenant's schedule quota is used up.
     """
-    who, why = audit.check(actor, reason)
-
-    def audited(schedule: Schedule) -> None:
-        # In the create's transaction: the entry commits with the schedule (one commit,
-        # one WAL flush per create; no schedule without its entry).
-        audit.record("create", schedule=schedule, actor=who, reason=why, clock=clock)
-
+    # The entry is written in the create's transaction: it commits with the schedule (one
+    # commit, one WAL flush per create; no schedule without its entry).
     return lifecycle.create_schedule(
-        tenant=tenant, idempotency_key=idempotency_key, clock=clock, then=audited,
+        tenant=tenant, idempotency_key=idempotency_key, clock=clock,
+        audited_by=audit.check(actor, reason),
         name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
         args=args, kwargs=kwargs, queue=queue, priority=priority,
         misfire_policy=misfire_policy, max_lateness=max_lateness, catchup_cap=catchup_cap,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from celery_scheduler import errors
@@ -45,8 +46,27 @@ def record(
         raise ValueError("an audit entry names a schedule or an occurrence")
     if not isinstance(schedule, Schedule):
         schedule = Schedule.objects.only("id", "tenant_id").get(pk=schedule)
-    return AuditEntry.objects.create(
+    written = entry(
+        action, schedule, occurrence=occurrence, actor=actor, reason=reason, detail=detail,
         at=(clock or SYSTEM_CLOCK).now(),
+    )  # fmt: skip
+    written.save(force_insert=True)
+    return written
+
+
+def entry(
+    action: str,
+    schedule: Schedule,
+    *,
+    at: datetime,
+    occurrence: Occurrence | None = None,
+    actor: str = "",
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+) -> AuditEntry:
+    """The unsaved entry :func:`record` writes (a create inserts it with its schedule)."""
+    return AuditEntry(
+        at=at,
         tenant_id=schedule.tenant_id,
         schedule=schedule,
         occurrence_id=occurrence.pk if occurrence is not None else None,

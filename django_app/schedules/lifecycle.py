@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from celery_scheduler import errors
 from celery_scheduler.core import ids
@@ -36,7 +35,7 @@ from django_app.models import (
     ScheduleVersion,
     Tenant,
 )
-from django_app.schedules import replan, validation
+from django_app.schedules import audit, create_pg, replan, validation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,16 +112,17 @@ def create_schedule(
     idempotency_key: str | None = None,
     clock: Clock | None = None,
     source: str = "api",
-    then: Callable[[Schedule], Any] | None = None,
+    audited_by: tuple[str, str] | None = None,
     **values: Any,
 ) -> Schedule:
     """Validate and create a schedule; the same idempotency key returns the same schedule.
 
-    ``then`` is called with the schedule (created or replayed) inside the transaction, so
-    what it writes (the API's audit entry) commits with it, in one commit.
+    ``audited_by`` (actor, reason): write the create's audit entry for the schedule (created
+    or replayed) in the same transaction, so it commits with it, in one commit.
 
-    Queries: the tenant (locked), the key's lookup (with a key), the quota count (with a
-    quota), then one insert each for the schedule, its first version and its tags.
+    Queries: the tenant (locked), then on PostgreSQL one statement that looks the key up,
+    counts the quota and inserts the schedule, its first version, tags and audit entry
+    (:mod:`django_app.schedules.create_pg`); elsewhere one query per step.
     """
     now = (clock or SYSTEM_CLOCK).now()
     extras = validation.validate_extras(
@@ -134,17 +134,29 @@ def create_schedule(
     if not isinstance(tenant, Tenant):
         tenant_slug(tenant)  # a bad slug is a ValidationError before the transaction
     digest = content_hash(spec, extras)
-    with transaction.atomic():
-        schedule = _create_locked(
+    if connection.vendor == "postgresql" and ONE_STATEMENT_CREATE:
+        return _create_in_one_statement(
             tenant, spec, extras, idempotency_key=idempotency_key, digest=digest,
+            source=source, now=now, audited_by=audited_by,
+        )  # fmt: skip
+    with transaction.atomic():
+        tenant_obj = locked_tenant(tenant)
+        schedule = _create_step_by_step(
+            tenant_obj, spec, extras, idempotency_key=idempotency_key, digest=digest,
             source=source, now=now,
         )  # fmt: skip
-        if then is not None:
-            then(schedule)
+        if audited_by is not None:
+            actor, reason = audited_by
+            audit.entry("create", schedule, actor=actor, reason=reason, at=now).save()
     return schedule
 
 
-def _create_locked(
+#: PostgreSQL creates in one call of ``django_app_create_schedule()`` (tests turn it off to
+#: compare the rows of the two paths).
+ONE_STATEMENT_CREATE = True
+
+
+def _create_in_one_statement(
     tenant: Tenant | str | None,
     spec: validation.ScheduleSpec,
     extras: dict[str, Any],
@@ -153,9 +165,54 @@ def _create_locked(
     digest: str,
     source: str,
     now: datetime,
+    audited_by: tuple[str, str] | None,
 ) -> Schedule:
-    """create_schedule's writes, in its transaction: the schedule, or the key's replay."""
-    tenant_obj = locked_tenant(tenant)
+    """The create as one statement (:mod:`django_app.schedules.create_pg`): the rows are
+    built here, the tenant's id is filled in by the statement that locks it."""
+    slug = tenant.slug if isinstance(tenant, Tenant) else tenant_slug(tenant)
+    schedule = Schedule(
+        **new_schedule_values(
+            None, spec, extras, idempotency_key=idempotency_key, digest=digest,
+            source=source, now=now,
+        )
+    )  # fmt: skip
+    entry = None
+    if audited_by is not None:
+        entry = audit.entry("create", schedule, actor=audited_by[0], reason=audited_by[1], at=now)
+    tags = sorted((extras.get("tags") or {}).items())
+    version = first_version(schedule, now)
+    outcome = create_pg.create(slug, schedule, version, tags, entry)
+    if outcome.kind == "no_tenant":
+        resolve_tenant(slug)  # the default tenant is created on first use; others raise
+        outcome = create_pg.create(slug, schedule, version, tags, entry)
+    if outcome.kind == "quota":
+        raise errors.QuotaExceeded(
+            f"tenant {slug!r} already has {outcome.live} schedules (max_schedules="
+            f"{outcome.max_schedules})"
+        )
+    assert outcome.schedule_id is not None, outcome
+    assert outcome.tenant_id is not None, outcome
+    if outcome.kind == "conflict":
+        raise _idempotency_conflict(idempotency_key, outcome.schedule_id)
+    if outcome.kind == "created":
+        schedule.tenant_id = outcome.tenant_id
+        schedule._state.adding = False
+        schedule._state.db = connection.alias
+        return schedule
+    return Schedule.objects.get(pk=outcome.schedule_id)  # replayed
+
+
+def _create_step_by_step(
+    tenant_obj: Tenant,
+    spec: validation.ScheduleSpec,
+    extras: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    digest: str,
+    source: str,
+    now: datetime,
+) -> Schedule:
+    """The writes one query at a time (SQLite, MySQL/MariaDB)."""
     if idempotency_key is not None:
         existing = _by_idempotency_key(tenant_obj, idempotency_key, digest)
         if existing is not None:
@@ -204,7 +261,7 @@ def new_schedule(
 
 
 def new_schedule_values(
-    tenant_id: int,
+    tenant_id: int | None,
     spec: validation.ScheduleSpec,
     extras: dict[str, Any],
     *,
@@ -711,11 +768,15 @@ def _close_version(schedule: Schedule, at: datetime) -> None:
 def _by_idempotency_key(tenant: Tenant, key: str, digest: str) -> Schedule | None:
     existing = Schedule.objects.filter(tenant=tenant, idempotency_key=key).first()
     if existing is not None and existing.content_hash != digest:
-        raise errors.IdempotencyConflict(
-            f"idempotency key {key!r} was already used for schedule {existing.id} with "
-            "different content; use a new key or update_schedule()"
-        )
+        raise _idempotency_conflict(key, existing.id)
     return existing
+
+
+def _idempotency_conflict(key: str | None, schedule_id: uuid.UUID) -> errors.IdempotencyConflict:
+    return errors.IdempotencyConflict(
+        f"idempotency key {key!r} was already used for schedule {schedule_id} with "
+        "different content; use a new key or update_schedule()"
+    )
 
 
 def _check_quota(tenant: Tenant) -> None:
@@ -723,7 +784,11 @@ def _check_quota(tenant: Tenant) -> None:
         return
     live = Schedule.objects.live().filter(tenant=tenant).count()
     if live >= tenant.max_schedules:
-        raise errors.QuotaExceeded(
-            f"tenant {tenant.slug!r} already has {live} schedules (max_schedules="
-            f"{tenant.max_schedules})"
-        )
+        raise _quota_exceeded(tenant, live)
+
+
+def _quota_exceeded(tenant: Tenant, live: int) -> errors.QuotaExceeded:
+    return errors.QuotaExceeded(
+        f"tenant {tenant.slug!r} already has {live} schedules (max_schedules="
+        f"{tenant.max_schedules})"
+    )

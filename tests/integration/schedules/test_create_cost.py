@@ -91,7 +91,8 @@ def _data_queries(captured: CaptureQueriesContext) -> list[str]:
 
 
 def test_a_plain_create_makes_four_queries(tenant: Any) -> None:
-    """Tenant (locked), schedule, first version, audit entry."""
+    """Tenant (locked), schedule, first version, audit entry (on PostgreSQL one call does
+    all four: tests/integration/schedules/test_create_pg.py)."""
     api.create_schedule(**BASE, tenant="acme", clock=CLOCK)  # imports, default tenant etc.
     with CaptureQueriesContext(connection) as captured:
         api.create_schedule(**BASE, tenant="acme", clock=CLOCK)
