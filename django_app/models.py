@@ -106,7 +106,11 @@ class Schedule(models.Model):
     """What should happen in the future. Versioned: each change bumps ``version``."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="schedules")
+    # No index of its own: a composite index leads with it (see Meta), and every index is
+    # written on each insert (and each non-HOT update) of a row.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="schedules", db_index=False
+    )
     name = models.CharField(max_length=200)
     task = models.CharField(max_length=200, help_text=_("A task registered in the Celery app."))
     args = models.JSONField(default=list, blank=True)
@@ -231,8 +235,11 @@ class Schedule(models.Model):
 class ScheduleTag(models.Model):
     """A free-form key/value label on a schedule; filters are always within its tenant."""
 
-    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="tags")
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Indexed by a composite index that leads with it (Meta): no index of its own.
+    schedule = models.ForeignKey(
+        Schedule, on_delete=models.CASCADE, related_name="tags", db_index=False
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=100)
     value = models.CharField(max_length=200, blank=True, default="")
 
@@ -258,7 +265,10 @@ class ScheduleVersion(models.Model):
     row for the (bumped) version.
     """
 
-    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="versions")
+    # Indexed by a composite index that leads with it (Meta): no index of its own.
+    schedule = models.ForeignKey(
+        Schedule, on_delete=models.CASCADE, related_name="versions", db_index=False
+    )
     version = models.PositiveIntegerField()
     kind = models.CharField(max_length=16, choices=_choices(ScheduleKind))
     cron = models.CharField(max_length=200, blank=True, default="")
@@ -288,9 +298,14 @@ class Occurrence(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, editable=False)
-    schedule = models.ForeignKey(Schedule, on_delete=models.PROTECT, related_name="occurrences")
+    # Indexed by a composite index that leads with it (Meta): no index of its own.
+    schedule = models.ForeignKey(
+        Schedule, on_delete=models.PROTECT, related_name="occurrences", db_index=False
+    )
     schedule_version = models.PositiveIntegerField()
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="occurrences")
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="occurrences", db_index=False
+    )
     scheduled_for = models.DateTimeField()
     available_at = models.DateTimeField()
     state = models.CharField(
@@ -594,8 +609,14 @@ class AuditEntry(models.Model):
 
     at = models.DateTimeField()
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Indexed by a composite index that leads with it (Meta): no index of its own.
     schedule = models.ForeignKey(
-        Schedule, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+        Schedule,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="audit_entries",
+        db_index=False,
     )
     occurrence_id = models.UUIDField(null=True, blank=True)
     action = models.CharField(max_length=32)

@@ -70,6 +70,7 @@ def validate_items(items: Iterable[Mapping[str, Any]], *, now: datetime) -> list
 def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iterator[_Item]:
     """:func:`validate_items` one item at a time (a bulk create writes while it validates)."""
     settings = conf.get()
+    json_depth = validation.max_json_depth()
     for index, item in enumerate(items):
         try:
             if not isinstance(item, Mapping):
@@ -89,7 +90,7 @@ def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iter
             extras = validation.validate_extras(
                 {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
             )
-            spec = validation.validate(now=now, settings=settings, **values)
+            spec = validation.validate(now=now, settings=settings, json_depth=json_depth, **values)
             if key is not None:
                 key = validation.checked_text(key, "idempotency_key", required=True)
         except errors.ValidationError as exc:
