@@ -108,9 +108,20 @@ def _existing_by_key(tenant: Tenant, keys: Sequence[str]) -> dict[str, tuple[uui
     """key -> (schedule id, content hash) of the tenant's schedules with those keys."""
     found: dict[str, tuple[uuid.UUID, str]] = {}
     for chunk in _chunks(sorted(set(keys))):
-        rows = Schedule.objects.filter(tenant=tenant, idempotency_key__in=chunk).values_list(
-            "idempotency_key", "id", "content_hash"
-        )
+        if connection.vendor == "postgresql":
+            # One array parameter, not an IN list of 5,000: building and converting that
+            # list cost more client time per item than the rest of the lookup.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT idempotency_key, id, content_hash FROM {Schedule._meta.db_table} "
+                    "WHERE tenant_id = %s AND idempotency_key = ANY(%s)",
+                    [tenant.pk, list(chunk)],
+                )
+                rows: Iterable[tuple[Any, Any, Any]] = cursor.fetchall()
+        else:
+            rows = Schedule.objects.filter(tenant=tenant, idempotency_key__in=chunk).values_list(
+                "idempotency_key", "id", "content_hash"
+            )
         found.update({str(k): (pk, digest) for k, pk, digest in rows})
     return found
 
@@ -201,9 +212,10 @@ def _create(
     _check_quota(tenant_obj, created)  # refused: the transaction rolls the rows back
     _write(ScheduleVersion, versions)
     _write(ScheduleTag, tags)
-    # One audit entry per item, as one create_schedule call per item writes (a replay too).
+    # One audit entry per item, as one create_schedule call per item writes (a replay too);
+    # ``detail`` is left to its default ({}), encoded once per chunk rather than per row.
     entry = {"at": now, "tenant_id": tenant_obj.pk, "action": "create", "actor": actor,
-             "reason": reason, "detail": {}, "occurrence_id": None}  # fmt: skip
+             "reason": reason, "occurrence_id": None}  # fmt: skip
     _write(AuditEntry, [{**entry, "schedule_id": schedule_id} for schedule_id in ids])
     return BulkCreateReport(schedule_ids=ids, created=created, existing=replayed)
 
