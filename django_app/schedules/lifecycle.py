@@ -120,8 +120,8 @@ def create_schedule(
     ``audited_by`` (actor, reason): write the create's audit entry for the schedule (created
     or replayed) in the same transaction, so it commits with it, in one commit.
 
-    Queries: the tenant (locked), then on PostgreSQL one statement that looks the key up,
-    counts the quota and inserts the schedule, its first version, tags and audit entry
+    Queries: on PostgreSQL one statement that locks the tenant, looks the key up, counts
+    the quota and inserts the schedule, its first version, tags and audit entry
     (:mod:`django_app.schedules.create_pg`); elsewhere one query per step.
     """
     now = (clock or SYSTEM_CLOCK).now()
@@ -186,10 +186,7 @@ def _create_in_one_statement(
         resolve_tenant(slug)  # the default tenant is created on first use; others raise
         outcome = create_pg.create(slug, schedule, version, tags, entry)
     if outcome.kind == "quota":
-        raise errors.QuotaExceeded(
-            f"tenant {slug!r} already has {outcome.live} schedules (max_schedules="
-            f"{outcome.max_schedules})"
-        )
+        raise _quota_exceeded(slug, outcome.live, outcome.max_schedules)
     assert outcome.schedule_id is not None, outcome
     assert outcome.tenant_id is not None, outcome
     if outcome.kind == "conflict":
@@ -784,11 +781,10 @@ def _check_quota(tenant: Tenant) -> None:
         return
     live = Schedule.objects.live().filter(tenant=tenant).count()
     if live >= tenant.max_schedules:
-        raise _quota_exceeded(tenant, live)
+        raise _quota_exceeded(tenant.slug, live, tenant.max_schedules)
 
 
-def _quota_exceeded(tenant: Tenant, live: int) -> errors.QuotaExceeded:
+def _quota_exceeded(slug: str, live: int | None, limit: int | None) -> errors.QuotaExceeded:
     return errors.QuotaExceeded(
-        f"tenant {tenant.slug!r} already has {live} schedules (max_schedules="
-        f"{tenant.max_schedules})"
+        f"tenant {slug!r} already has {live} schedules (max_schedules={limit})"
     )
