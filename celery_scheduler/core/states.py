@@ -46,7 +46,3 @@ def sources_of(target: S, *, within: Iterable[S] | None = None) -> frozenset[S]:
 def state_values(states: Iterable[S]) -> list[str]:
     """The column values of ``states`` in a stable order (for ``IN`` / ``= ANY`` parameters)."""
     return sorted(s.value for s in states)
-
-
-def can_transition(source: S, target: S) -> bool:
-    return target in TRANSITIONS[source]

@@ -458,7 +458,7 @@ class LookaheadRelay:
         self.lookahead = lookahead
         self.shards = shards
         self.max_held = max_held
-        self.dispatcher: Dispatcher[_Held] = Dispatcher(clock=clock, max_pending=max_held)
+        self.dispatcher: Dispatcher[_Held] = Dispatcher(max_pending=max_held)
 
     def next_due_at(self) -> datetime | None:
         return self.dispatcher.next_due_at()
@@ -494,7 +494,7 @@ class LookaheadRelay:
 
     def close(self) -> int:
         """Stop holding: release every held claim; returns how many rows were released."""
-        pending = self.dispatcher.close(wait=False)
+        pending = self.dispatcher.close()
         return self._release(held.outbox_id for held in pending)
 
     def _publish_held_batch(self, ids: list[int]) -> RelayReport:

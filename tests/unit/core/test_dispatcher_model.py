@@ -63,7 +63,7 @@ class DispatcherModel(RuleBasedStateMachine):
     @initialize(factor=st.sampled_from([0.5, 1.0, 2.0, 3.0]))
     def choose_rebuild_factor(self, factor: float) -> None:
         self.factor = factor
-        self.dispatcher = Dispatcher(clock=self.clock, rebuild_factor=factor)
+        self.dispatcher = Dispatcher(rebuild_factor=factor)
 
     def _live(self, item_id: str) -> ModelEntry | None:
         return next((e for e in self.model if e.token.item_id == item_id), None)
