@@ -27,6 +27,7 @@ def test_schedules_list_columns_align_with_and_without_microseconds() -> None:
     call_command("schedules", "list", stdout=out)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3, lines
-    starts = {line.index(name) for line, name in zip(lines, ("NAME", "whole", "fraction"))}
+    names = ("NAME", "whole", "fraction")
+    starts = {line.index(name) for line, name in zip(lines, names, strict=True)}
     assert len(starts) == 1, "\n".join(lines)  # NAME starts at one column on every line
     assert f"{base.astimezone(UTC):%Y-%m-%d %H:%M:%S}.000" in out.getvalue()
