@@ -52,5 +52,6 @@ def test_summaries_read_alike() -> None:
         assert summary[:1].isupper(), (name, summary)
         assert len(summary.split()) >= 2, (name, summary)
         assert not summary.endswith("."), (name, summary)
-        assert "(" not in summary and ";" not in summary, (name, summary)
+        assert "(" not in summary, (name, summary)
+        assert ";" not in summary, (name, summary)
         assert len(summary) <= 45, (name, summary)
