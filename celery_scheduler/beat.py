@@ -59,6 +59,10 @@ BACKOFF_START = 0.5
 STRAND_CHECK_INTERVAL = 60.0
 
 
+#: Exit status when beat refuses its configuration (sysexits.h EX_CONFIG): a supervisor can
+#: tell it from a crash and stop restarting it.
+EXIT_CONFIGURATION = 78
+
 #: Seconds between two progress stamps of the loop (BeatNode.progress_at).
 PROGRESS_STAMP_INTERVAL = 1.0
 #: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
@@ -152,8 +156,18 @@ class DatabaseScheduler(beat.Scheduler):
     # -- celery.beat.Scheduler API ----------------------------------------------------------
 
     def setup_schedule(self) -> None:
-        """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down)."""
-        self.backend.require_safe_database()  # refuses to start (UnsafeDatabase)
+        """Sync the static ``beat_schedule`` (retried from ``tick`` if the DB is down).
+
+        Refuses to start on a database that cannot carry the guarantees: one CRITICAL line
+        naming the fix, then exit status 78 (``EX_CONFIG``). Not an exception: Celery would
+        log its traceback, then print it again through its stderr redirect, one WARNING line
+        per token (~700 lines burying the one that says what to set).
+        """
+        try:
+            self.backend.require_safe_database()
+        except errors.UnsafeDatabase as exc:
+            logger.critical("beat %s: %s", self.node, exc, extra={"event": "unsafe_database"})
+            raise SystemExit(EXIT_CONFIGURATION) from None
         if self._metrics_server is None:
             self._metrics_server = self.backend.start_metrics_server(self.node)
         self._busy = True

@@ -156,6 +156,16 @@ def _fmt_lag(value: float | None) -> str:
     return "      -" if value is None else f"{value:6.2f}s"
 
 
+def run_label(name: str, *, manual: bool, reason: str) -> str:
+    """The schedule's name, with why the run exists when not by the schedule.
+
+    The two manual invoice runs otherwise read like the daily 06:00 run firing early.
+    """
+    if not manual:
+        return name
+    return f"{name} ({reason or 'manual'})"
+
+
 def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path) -> bool:
     """Print each occurrence as it moves; False if beat or the worker died."""
     from django.db import connection
@@ -183,7 +193,8 @@ def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path)
             jitter = (o.available_at - o.scheduled_for).total_seconds()
             print(
                 f"{o.scheduled_for:%H:%M:%S.%f}"[:-3].ljust(15),
-                f"{o.schedule.name:<36} {o.state:<10} {_fmt_lag(o.lag_seconds)}",
+                f"{run_label(o.schedule.name, manual=o.manual, reason=o.reason):<36} "
+                f"{o.state:<10} {_fmt_lag(o.lag_seconds)}",
                 f" jitter +{jitter:g}s" if jitter else "",
             )
         connection.close()  # SQLite: do not hold a read snapshot across polls

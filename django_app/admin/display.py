@@ -7,8 +7,10 @@ from zoneinfo import ZoneInfo
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
 
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
+from django_app.schedules.reads import BACKFILL_REASON
 
 SLO_SECONDS = 5.0
 
@@ -80,6 +82,17 @@ def lag(seconds: float | None) -> SafeString | str:
         return "—"
     tone = "bad" if seconds > SLO_SECONDS else "ok"
     return format_html('<span class="cs-lag cs-lag-{}">{}</span>', tone, fmt_seconds(seconds))
+
+
+def run_lag(seconds: float | None, reason: str) -> SafeString | str:
+    """An occurrence's lag, or what it was instead: a backfill runs past times on purpose.
+
+    A backfilled run is ``scheduled_for`` a time long gone, so its enqueue "lag" (1.8 d) is
+    no lateness at all; it gets a "backfill" label rather than a red figure.
+    """
+    if reason == BACKFILL_REASON:
+        return format_html('<span class="cs-tag cs-backfill">{}</span>', _("backfill"))
+    return lag(seconds)
 
 
 def fmt_seconds(seconds: float | None) -> str:

@@ -25,6 +25,7 @@ from celery_scheduler.core.enums import OccurrenceState
 from django_app.admin import actions, display, scale
 from django_app.admin.tenancy import TenantScopedAdmin, scope
 from django_app.models import Attempt, Occurrence, Schedule
+from django_app.schedules.reads import BACKFILL_REASON
 
 #: Quick views above the occurrence list: (label, state filter or None for all).
 TABS = (
@@ -87,6 +88,22 @@ class AttemptInline(ReadOnlyMixin, admin.TabularInline):
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def page_title(obj: Occurrence) -> str:
+    """An occurrence as its page names it: schedule, local time to the second, and why it ran.
+
+    For example ``nightly invoices at 2026-03-01 02:00:00 CET (run now)``.
+    """
+    schedule = obj.schedule
+    zone = display.zone_or_utc(schedule.timezone)
+    when = obj.scheduled_for.astimezone(zone)
+    title = f"{schedule.name} at {when:%Y-%m-%d %H:%M:%S} {when.tzname() or schedule.timezone}"
+    if obj.reason == BACKFILL_REASON:
+        return f"{title} ({_('backfill')})"
+    if obj.manual:
+        return f"{title} ({_('run now')})"
+    return title
 
 
 @admin.register(Occurrence)
@@ -251,6 +268,10 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             and self.has_replay_permission(request)
         ):
             context["replay_url"] = reverse("admin:django_app_occurrence_replay", args=[obj.pk])
+        if obj is not None:
+            # Django's subtitle (the <h2> and the <title>) is str(obj): a UUID, a state and a
+            # raw ISO timestamp. Say what ran when instead.
+            context["subtitle"] = page_title(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     # --- columns and read-only blocks ---------------------------------------------------
@@ -286,6 +307,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
     @admin.display(description=_("Run"), ordering="manual")
     def manual_column(self, obj: Occurrence) -> str:
         # "Scheduled" is the ordinary case: only a manual run is worth a mark.
+        if obj.reason == BACKFILL_REASON:
+            return format_html('<span class="cs-tag cs-backfill">{}</span>', _("backfill"))
         if obj.manual:
             return format_html('<span class="cs-tag">{}</span>', _("manual"))
         return ""
@@ -296,6 +319,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
     @admin.display(description=_("Triggered by"))
     def trigger_column(self, obj: Occurrence) -> str:
+        if obj.reason == BACKFILL_REASON:
+            return str(_("a backfill (manual)"))
         return str(_("run now (manual)") if obj.manual else _("the schedule"))
 
     @admin.display(description=_("Error"))
@@ -343,7 +368,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
 
     @admin.display(description=_("Lag"))
     def lag_column(self, obj: Occurrence) -> str:
-        return display.lag(obj.lag_seconds)
+        return display.run_lag(obj.lag_seconds, obj.reason)
 
     @admin.display(description=_("Tenant"), ordering="tenant__slug")
     def tenant_column(self, obj: Occurrence) -> str:

@@ -37,6 +37,8 @@ class RowSummary:
     last_state: str | None = None
     last_scheduled_for: datetime | None = None
     last_lag: float | None = None
+    #: Why the last run exists when not by the schedule ("run now", "backfill"), else "".
+    last_reason: str = ""
     last_success: datetime | None = None
     last_failure: datetime | None = None
 
@@ -69,7 +71,7 @@ def summarize(schedules: Iterable[Any]) -> dict[Any, RowSummary]:
         for pk, when in pairs:
             match |= Q(schedule_id=pk, scheduled_for=when)
         for occurrence in Occurrence.objects.filter(match, state__in=FINISHED).only(
-            "schedule_id", "scheduled_for", "state", "enqueued_at"
+            "schedule_id", "scheduled_for", "state", "enqueued_at", "reason"
         ):
             last_rows[occurrence.schedule_id] = occurrence
     failures = dict(
@@ -87,6 +89,7 @@ def summarize(schedules: Iterable[Any]) -> dict[Any, RowSummary]:
             last_state=last.state if last else None,
             last_scheduled_for=last.scheduled_for if last else None,
             last_lag=last.lag_seconds if last else None,
+            last_reason=last.reason if last else "",
             last_success=row.get("last_success"),
             last_failure=_latest(failures.get(pk), row.get("last_dead")),
         )

@@ -19,7 +19,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from celery_scheduler.core.enums import ScheduleState
+from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from django_app.admin import actions, display, scale, schedule_summary, views
 from django_app.admin.forms import ScheduleForm
 from django_app.admin.tenancy import (
@@ -150,6 +150,10 @@ class ScheduleChangeList(scale.ScaleChangeList):
             schedule.run_summary = summaries.get(schedule.pk, schedule_summary.RowSummary())
 
 
+#: How a COMPLETED schedule's last run can end that the state column must not call done.
+UNSUCCESSFUL_ENDS = frozenset([OccurrenceState.DEAD.value, OccurrenceState.MISSED.value])
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(TenantScopedAdmin):
     form = ScheduleForm
@@ -209,7 +213,7 @@ class ScheduleAdmin(TenantScopedAdmin):
         if shows_tenants(request):
             who.insert(1, "tenant")
         status = (
-            ("state_column", "version", "next_run_display", "limits_display", "tags_display",
+            ("state_display", "version", "next_run_display", "limits_display", "tags_display",
              "history", "loaded_version")
             if obj
             else ()
@@ -248,7 +252,7 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = [
-            "state_column", "version", "next_run_display", "limits_display", "tags_display",
+            "state_display", "version", "next_run_display", "limits_display", "tags_display",
             "history",
         ]  # fmt: skip
         if obj is not None:
@@ -291,6 +295,17 @@ class ScheduleAdmin(TenantScopedAdmin):
 
     @admin.display(description=_("State"), ordering="state")
     def state_column(self, obj: Schedule) -> str:
+        # The list has no version column: the state cell carries it.
+        return format_html(
+            '{}<br><small class="cs-muted" title="{}">v{}</small>',
+            self.state_display(obj),
+            _("version"),
+            obj.version,
+        )
+
+    @admin.display(description=_("State"))
+    def state_display(self, obj: Schedule) -> str:
+        """The state and why (the change page shows the version in its own row)."""
         if obj.state == ScheduleState.PARKED.value:
             # Parked needs an operator: say why right in the list.
             return format_html(
@@ -300,19 +315,39 @@ class ScheduleAdmin(TenantScopedAdmin):
             )
         if obj.state == ScheduleState.PAUSED.value and obj.pause_reason:
             return format_html(
-                '{}<br><small class="cs-pause-reason">{}</small>'
-                '<br><small class="cs-muted" title="{}">v{}</small>',
+                '{}<br><small class="cs-pause-reason">{}</small>',
                 display.badge(obj.state),
                 obj.pause_reason,
-                _("version"),
-                obj.version,
             )
-        return format_html(
-            '{}<br><small class="cs-muted" title="{}">v{}</small>',
-            display.badge(obj.state),
-            _("version"),
-            obj.version,
-        )
+        failed = self._completed_badly(obj)
+        if failed is not None:
+            # "Completed" alone reads as success: a one-off whose only run went DEAD did not.
+            return format_html(
+                '{}<br><small class="cs-muted">{}</small>',
+                display.badge(failed),
+                _("schedule completed; its last run did not succeed"),
+            )
+        return display.badge(obj.state)
+
+    @staticmethod
+    def _completed_badly(obj: Schedule) -> str | None:
+        """The last run's state (DEAD or MISSED) of a COMPLETED schedule, else None.
+
+        The list reads it from the page's row summary; the change page asks once.
+        """
+        if obj.state != ScheduleState.COMPLETED.value:
+            return None
+        summary = getattr(obj, "run_summary", None)
+        if summary is not None:
+            last = summary.last_state
+        else:
+            last = (
+                Occurrence.objects.filter(schedule=obj, state__in=schedule_summary.FINISHED)
+                .order_by("-scheduled_for")
+                .values_list("state", flat=True)
+                .first()
+            )
+        return last if last in UNSUCCESSFUL_ENDS else None
 
     @admin.display(description=_("Limits"))
     def limits_display(self, obj: Schedule) -> str:
@@ -378,7 +413,7 @@ class ScheduleAdmin(TenantScopedAdmin):
             '<span data-column="last-run"><a href="{}">{}</a> {}<br><small>{}</small></span>',
             url,
             display.badge(summary.last_state),
-            display.lag(summary.last_lag),
+            display.run_lag(summary.last_lag, summary.last_reason),
             display.local_and_utc(summary.last_scheduled_for, "UTC"),
         )
 
@@ -418,10 +453,11 @@ class ScheduleAdmin(TenantScopedAdmin):
             (
                 (
                     reverse("admin:django_app_occurrence_change", args=[o.pk]),
-                    display.local_and_utc(o.scheduled_for, obj.timezone),
+                    # To the second: an every-10-s schedule's rows differ in seconds only.
+                    display.local_and_utc(o.scheduled_for, obj.timezone, seconds=True),
                     display.badge(o.state),
                     o.schedule_version,
-                    display.lag(o.lag_seconds),
+                    display.run_lag(o.lag_seconds, o.reason),
                     o.attempt_count,
                 )
                 for o in recent

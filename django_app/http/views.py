@@ -29,7 +29,7 @@ from rest_framework.views import APIView
 
 from celery_scheduler import api, errors
 from celery_scheduler.api_types import as_json
-from django_app.http import auth
+from django_app.http import auth, operations
 from django_app.http import errors as http_errors
 from django_app.http import serializers as s
 from django_app.http.auth import scope_of
@@ -134,7 +134,7 @@ class ScheduleListView(SchedulerAPIView):
     @extend_schema(
         parameters=[s.ListQuery],
         responses=_responses(s.SchedulePage),
-        summary="List schedules (filters, keyset cursor)",
+        **operations.doc("schedules_list"),
         operation_id="schedules_list",
     )
     def get(self, request: Request) -> Response:
@@ -152,7 +152,7 @@ class ScheduleListView(SchedulerAPIView):
     @extend_schema(
         request=s.ScheduleCreate,
         responses=_responses(s.ScheduleDescription, 201),
-        summary="Create a schedule (idempotent with idempotency_key)",
+        **operations.doc("schedules_create"),
     )
     def post(self, request: Request) -> Response:
         given = self.parse(s.ScheduleCreate, request.data)
@@ -182,7 +182,7 @@ class BulkCreateView(_ItemsView):
     @extend_schema(
         request=s.BulkCreateRequest,
         responses=_responses(s.BulkCreateOutcome, 201),
-        summary="Create many schedules at once (all or nothing; idempotency keys honored)",
+        **operations.doc("schedules_bulk_create"),
         operation_id="schedules_bulk_create",
     )
     def post(self, request: Request) -> Response:
@@ -194,7 +194,7 @@ class SyncView(_ItemsView):
     @extend_schema(
         request=s.SyncRequest,
         responses=_responses(s.SyncOutcome),
-        summary="Make the tenant's schedules match the items, by idempotency key",
+        **operations.doc("schedules_sync"),
         operation_id="schedules_sync",
     )
     def post(self, request: Request) -> Response:
@@ -206,7 +206,7 @@ class ScheduleDetailView(SchedulerAPIView):
     @extend_schema(
         parameters=[s.DescribeQuery],
         responses=_responses(s.ScheduleDescription),
-        summary="Describe a schedule",
+        **operations.doc("schedules_describe"),
         operation_id="schedules_describe",
     )
     def get(self, request: Request, schedule_id: uuid.UUID) -> Response:
@@ -217,7 +217,7 @@ class ScheduleDetailView(SchedulerAPIView):
     @extend_schema(
         request=s.ScheduleUpdate,
         responses=_responses(s.LifecycleOutcome),
-        summary="Update a schedule (a new version); expected_version makes it conditional",
+        **operations.doc("schedules_update"),
     )
     def patch(self, request: Request, schedule_id: uuid.UUID) -> Response:
         given = self.parse(s.ScheduleUpdate, request.data)
@@ -244,7 +244,7 @@ class _ActionView(SchedulerAPIView):
 
 
 def _action(
-    summary: str,
+    key: str,
     request: type[s.Strict],
     response: type[serializers.Serializer],
     act: Callable[[uuid.UUID, dict[str, Any], str | None], Any],
@@ -260,11 +260,13 @@ def _action(
         def act(self, schedule_id: uuid.UUID, given: dict[str, Any], slug: str | None) -> Any:
             return act(schedule_id, given, slug)
 
-        @extend_schema(request=request, responses=_responses(response), summary=summary)
+        @extend_schema(
+            request=request, responses=_responses(response), **operations.doc(f"schedules_{key}")
+        )
         def post(self, request: Request, schedule_id: uuid.UUID) -> Response:
             return super().post(request, schedule_id)
 
-    View.__name__ = View.__qualname__ = summary.title().replace(" ", "").replace("-", "") + "View"
+    View.__name__ = View.__qualname__ = key.title().replace("_", "") + "View"
     return View
 
 
@@ -290,7 +292,7 @@ CancelView = _action(
     s.LifecycleOutcome,
     lambda i, g, t: _lifecycle(api.cancel_schedule(i, **g)),
 )
-RunNowView = _action("run now", s.RunNowRequest, s.OccurrenceSummary, _run_now)
+RunNowView = _action("run_now", s.RunNowRequest, s.OccurrenceSummary, _run_now)
 SkipView = _action(
     "skip",
     s.SkipRequest,
@@ -311,7 +313,7 @@ class OccurrenceListView(SchedulerAPIView):
     @extend_schema(
         parameters=[s.OccurrenceQuery],
         responses=_responses(s.OccurrencePage),
-        summary="Occurrences of a schedule, newest first (keyset cursor)",
+        **operations.doc("occurrences_list"),
     )
     def get(self, request: Request, schedule_id: uuid.UUID) -> Response:
         given = self.query(s.OccurrenceQuery, request)
@@ -339,7 +341,7 @@ class ReplayView(SchedulerAPIView):
     @extend_schema(
         request=s.ReasonRequest,
         responses=_responses(s.OccurrenceSummary),
-        summary="Replay a DEAD occurrence under its own id",
+        **operations.doc("occurrences_replay"),
     )
     def post(self, request: Request, occurrence_id: uuid.UUID) -> Response:
         given = self.parse(s.ReasonRequest, request.data)
@@ -363,7 +365,7 @@ class BulkView(SchedulerAPIView):
             OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(_BULK)),
         ],
         responses=_responses(s.BulkOutcome),
-        summary="Pause, resume or cancel every schedule matching a filter",
+        **operations.doc("schedules_bulk_action"),
     )
     def post(self, request: Request, action: str) -> Response:
         call = _BULK.get(action)
@@ -391,7 +393,7 @@ class BulkView(SchedulerAPIView):
 class TenantListView(SchedulerAPIView):
     permission_classes = [auth.HasTenantScope, auth.StaffOnly]
 
-    @extend_schema(responses=_responses(s.TenantUsage(many=True)), summary="Tenants and usage")
+    @extend_schema(responses=_responses(s.TenantUsage(many=True)), **operations.doc("tenants_list"))
     def get(self, request: Request) -> Response:
         slug = scope_of(request).slug
         rows = [u for u in api.list_tenants() if slug is None or u.tenant.slug == slug]
@@ -400,7 +402,7 @@ class TenantListView(SchedulerAPIView):
     @extend_schema(
         request=s.TenantCreate,
         responses=_responses(s.TenantInfo, 201),
-        summary="Create a tenant (superuser)",
+        **operations.doc("tenants_create"),
     )
     def post(self, request: Request) -> Response:
         given = self.parse(s.TenantCreate, request.data)
@@ -415,7 +417,7 @@ class TenantDetailView(SchedulerAPIView):
         if own is not None and own != slug:
             raise Http404(f"No tenant {slug!r}")
 
-    @extend_schema(responses=_responses(s.TenantUsage), summary="A tenant and its usage")
+    @extend_schema(responses=_responses(s.TenantUsage), **operations.doc("tenants_describe"))
     def get(self, request: Request, slug: str) -> Response:
         self._visible(request, slug)
         for usage in api.list_tenants():
@@ -426,7 +428,7 @@ class TenantDetailView(SchedulerAPIView):
     @extend_schema(
         request=s.TenantUpdate,
         responses=_responses(s.TenantInfo),
-        summary="Change a tenant's quotas or relay weight (superuser)",
+        **operations.doc("tenants_update"),
     )
     def patch(self, request: Request, slug: str) -> Response:
         given = self.parse(s.TenantUpdate, request.data)

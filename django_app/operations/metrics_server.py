@@ -193,6 +193,24 @@ def on_worker_init(**_: Any) -> None:
     )
 
 
+def on_worker_ready(**_: Any) -> None:
+    """``worker_ready``: say where the worker serves, as beat does.
+
+    ``worker_init`` (where the server starts) runs before Celery configures logging, so the
+    line :func:`serve` logs there reaches no handler; logging is set up by ``worker_ready``.
+    """
+    server = _worker_server
+    if server is None:
+        return
+    addr, port = server.server_address[:2]
+    logger.info(
+        "worker serving metrics and health on http://%s:%d/metrics",
+        addr,
+        port,
+        extra={"event": "metrics_served", "port": port},
+    )
+
+
 def on_worker_process_init(**_: Any) -> None:
     """``worker_process_init`` (each prefork child): its samples go to its own pid's files."""
     if os.environ.get(MULTIPROC_ENV) and configured_port() is not None:
@@ -209,6 +227,7 @@ def connect_worker_signals() -> None:
     from celery import signals
 
     signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid="cs-metrics-init")
+    signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="cs-metrics-ready")
     signals.worker_process_init.connect(
         on_worker_process_init, weak=False, dispatch_uid="cs-metrics-child"
     )

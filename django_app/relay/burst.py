@@ -143,6 +143,15 @@ class WaveOutcome:
     states: dict[uuid.UUID, tuple[Any, ...]]
 
 
+def _first_created_at(done: WaveOutcome) -> datetime | None:
+    """When the wave's first published row was created (its locked row's ``created_at``)."""
+    if not done.accepted or not done.accepted[0][0]:
+        return None
+    # locked: (state, version, manual, schedule_id, scheduled_for, created_at)
+    locked = done.states.get(done.accepted[0][0][0].occurrence_id)
+    return locked[5] if locked is not None else None
+
+
 class BurstRelay:
     """The :class:`celery_scheduler.ports.Relay` for PostgreSQL with a Redis or AMQP broker.
 
@@ -538,7 +547,13 @@ class BurstRelay:
         done, self._committed = self._committed, None
         if done is None:
             return []
-        self._log_wave(done.wave, opened=done.opened, locked=done.locked, accepted=done.accepted)
+        self._log_wave(
+            done.wave,
+            opened=done.opened,
+            locked=done.locked,
+            accepted=done.accepted,
+            created_at=_first_created_at(done),
+        )
         self._observe_sent(done)
         return [r for chunk, _ in done.accepted for r in chunk]
 
@@ -572,16 +587,23 @@ class BurstRelay:
         opened: datetime,
         locked: datetime,
         accepted: list[tuple[list[HeldRow], datetime]],
+        created_at: datetime | None = None,
     ) -> None:
         """One short INFO line per wave (a WARNING when its first row reached the broker
         late: the hold opened too late for the lock, or the loop was busy past the hold
-        time), and the stage-by-stage detail at DEBUG for whoever tunes the burst path."""
+        time), and the stage-by-stage detail at DEBUG for whoever tunes the burst path.
+
+        A first row created at or after its due time (a new schedule's first run "now", a
+        run now) could not be planned ahead: being a poll late is expected, not a fault,
+        so it stays at INFO.
+        """
         if not accepted:
             return
         late = (accepted[0][1] - wave.start).total_seconds()
         last = (accepted[-1][1] - wave.start).total_seconds()
+        planned_ahead = created_at is None or created_at < wave.start
         logger.log(
-            logging.WARNING if late > 1.0 else logging.INFO,
+            logging.WARNING if late > 1.0 and planned_ahead else logging.INFO,
             "burst relay: %d row(s) due %s sent %.3f-%.3fs after due",
             len(wave.rows), wave.start.strftime("%H:%M:%S"), late, last,
         )  # fmt: skip

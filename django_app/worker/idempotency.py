@@ -21,7 +21,7 @@ from django.db import IntegrityError, OperationalError, transaction
 from celery_scheduler import errors
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.tasks import current_fence, idempotency_context
-from django_app.models import IdempotencyRecord, Occurrence
+from django_app.models import IdempotencyRecord, Occurrence, Tenant
 
 logger = logging.getLogger("celery_scheduler.idempotency")
 
@@ -113,13 +113,15 @@ def _run_once(
                 raise _KeyDeadlock(exc) from exc
             raise
         if found:
-            logger.info(
-                "idempotent task %s: key %s already done (tenant %s), returning the stored result",
-                task_name,
-                key,
-                tenant_id if tenant_id is not None else "default",
-                extra={"event": "idempotent_duplicate", "key": key},
-            )
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "idempotent task %s: key %s already done (tenant %s), returning the "
+                    "stored result",
+                    task_name,
+                    key,
+                    _tenant_label(tenant_id),
+                    extra={"event": "idempotent_duplicate", "key": key, "tenant_id": tenant_id},
+                )
             return stored
         with idempotency_context(key):
             value = body()
@@ -127,6 +129,18 @@ def _run_once(
         IdempotencyRecord.objects.filter(**namespace).update(result=result)
         _require_current_claim(occurrence_id, task_name)
         return result
+
+
+def _tenant_label(tenant_id: int | None) -> str:
+    """The tenant's slug for a log line (a row id means nothing to the reader).
+
+    One indexed read, on the duplicate path only; ``default`` is the namespace of runs
+    outside the scheduler (no tenant).
+    """
+    if tenant_id is None:
+        return "default"
+    slug = Tenant.objects.filter(pk=tenant_id).values_list("slug", flat=True).first()
+    return slug if slug is not None else f"#{tenant_id}"
 
 
 def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:

@@ -40,3 +40,6 @@ def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
         line for line in output.splitlines() if "strict every 5 s" in line and "SUCCEEDED" in line
     ]
     assert len(fired) >= 4, output
+    # The two invoice runs by hand say so (else they read as the daily 06:00 run, early).
+    by_hand = [line for line in output.splitlines() if "daily invoice acme (run now)" in line]
+    assert len(by_hand) >= 2, output

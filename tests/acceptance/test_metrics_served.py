@@ -98,6 +98,15 @@ def test_beat_and_a_prefork_worker_serve_metrics(redis_url: str, tmp_path: Path)
         support.wait_until(
             lambda: get(worker_port, "/readyz")[0] == 200, timeout=90, what="worker ready"
         )
+        # The worker says where it serves, as beat does, through Celery's log: the line
+        # logged at worker_init (before Celery sets logging up) reaches only a project's own
+        # LOGGING, which startproject does not configure for django_app.
+        endpoint = re.compile(rf"INFO/MainProcess\] .*serving metrics .*:{worker_port}/metrics")
+        support.wait_until(
+            lambda: endpoint.search((tmp_path / "worker.log").read_text()),
+            timeout=30,
+            what="the worker to log its metrics endpoint",
+        )
         code, beat_scrape = get(beat_port, "/metrics")
         assert code == 200
         print("beat /metrics (HELP lines):")

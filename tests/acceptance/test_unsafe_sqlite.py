@@ -69,6 +69,12 @@ def test_beat_refuses_plain_sqlite_settings(tmp_path: Path) -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     output = beat.stdout + beat.stderr
-    assert beat.returncode != 0, output
-    assert "refuses to run on this database" in output
-    assert "transaction_mode" in output
+    assert beat.returncode == 78, output  # EX_CONFIG: a supervisor stops restarting it
+    # One short message with the fix, not Celery's traceback echoed token by token.
+    refusals = [line for line in output.splitlines() if "refuses to run" in line]
+    assert len(refusals) == 1, output
+    assert "CRITICAL" in refusals[0]
+    assert 'transaction_mode": "IMMEDIATE"' in refusals[0]
+    assert "Traceback" not in output
+    assert "WARNING/" not in output
+    assert len(output.splitlines()) < 20, output

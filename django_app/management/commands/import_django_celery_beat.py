@@ -1,5 +1,8 @@
 """Import django-celery-beat's periodic tasks as schedules (``--dry-run`` writes nothing).
 
+Each line names the task and the timing its schedule gets (cron and zone, interval, or
+one-off time) with its first run, so a dry run shows when things will fire after the switch.
+
 Reads django-celery-beat's tables with plain SQL, so it works whether or not
 ``django_celery_beat`` is still in ``INSTALLED_APPS`` (the tables stay after removing it).
 Each PeriodicTask becomes a schedule created through the lifecycle API with the
@@ -77,6 +80,8 @@ class Plan:
     skip: str = ""
     #: Fields set in django-celery-beat that have no equivalent here (reported, not imported).
     lost: str = ""
+    #: The created schedule's first fire time (also in a dry run, read before the rollback).
+    first_run: datetime | None = None
 
 
 def _json(text: str | None, default: Any, what: str) -> Any:
@@ -143,6 +148,28 @@ def _timing(row: dict[str, Any]) -> dict[str, Any]:
         cron = " ".join(str(row[f]).replace(" ", "") for f in fields)
         return {"cron": cron, "timezone": str(row["timezone"] or "UTC")}
     raise Skip("no schedule attached")
+
+
+def _utc(value: datetime) -> str:
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def timing_text(plan: Plan) -> str:
+    """The timing an import gets, as the report shows it: what runs when, and the first run.
+
+    The line a user checks before switching: an interval keeps its cadence from
+    ``last_run_at``, a crontab keeps its zone; both are visible here, not only after the run.
+    """
+    values = plan.values
+    if "cron" in values:
+        text = f"cron {values['cron']!r} in {values['timezone']}"
+    elif "interval" in values:
+        text = f"every {values['interval']} s"
+    else:
+        text = f"once at {_utc(values['run_at'])}"
+    if plan.first_run is not None and "run_at" not in values:
+        text += f", first run {_utc(plan.first_run)}"
+    return text
 
 
 def plan_row(row: dict[str, Any]) -> Plan:
@@ -232,7 +259,8 @@ class Command(BaseCommand):
             if plan.lost:
                 state += f"; not carried over: {plan.lost}"
             word = verb if outcome == "create" else "exists "
-            self.stdout.write(f"{word} {label}: {plan.values['task']}{state}")
+            timing = timing_text(plan)
+            self.stdout.write(f"{word} {label}: {plan.values['task']}, {timing}{state}")
         self.stdout.write(
             f"{len(rows)} periodic task(s): {counts['create']} {verb}, "
             f"{counts['exists']} already imported, {counts['skip']} skipped"
@@ -279,6 +307,7 @@ class Command(BaseCommand):
             return "exists"  # imported before, changed since: leave the imported one alone
         if existed:
             return "exists"
+        plan.first_run = schedule.next_run_at
         if not plan.enabled:
             lifecycle.pause_schedule(schedule.id)
         return "create"

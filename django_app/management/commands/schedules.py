@@ -9,7 +9,7 @@ message names the option).
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -118,11 +118,28 @@ class Command(BaseCommand):
         self._out(o, report, text)
 
 
+def _utc(value: datetime | None) -> str:
+    """One width for every instant: to the millisecond, no offset (the header says UTC).
+
+    ``isoformat()`` drops the fraction when it is zero and adds ``+00:00``, so rows with and
+    without microseconds had different widths and the columns after them went out of line.
+    """
+    if value is None:
+        return "-"
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}"[:-3]
+
+
 def _list_text(page: SchedulePage) -> str:
-    lines = [f"{'ID':<36}  {'TENANT':<12} {'STATE':<9} {'NEXT RUN (UTC)':<25} NAME"]
-    for s in page.items:
-        when = s.next_run_at.isoformat() if s.next_run_at else "-"
-        lines.append(f"{s.id!s:<36}  {s.tenant:<12} {s.state:<9} {when:<25} {s.name}")
+    rows = [("ID", "TENANT", "STATE", "NEXT RUN (UTC)")] + [
+        (str(s.id), s.tenant, s.state, _utc(s.next_run_at)) for s in page.items
+    ]
+    names = ["NAME"] + [s.name for s in page.items]
+    # Each column as wide as its widest cell (a long tenant slug no longer shifts the rest).
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + "  " + name
+        for row, name in zip(rows, names, strict=True)
+    ]
     if page.next_cursor:
         lines.append(f"more: --cursor {page.next_cursor}")
     return "\n".join(lines)

@@ -312,3 +312,30 @@ def test_a_wave_counts_publishes_and_observes_lag_and_time_scheduled() -> None:
     assert sample("state_seconds_sum", tenant="default", state="SCHEDULED") == pytest.approx(
         30 * 20.0, abs=30
     )
+
+
+@pytest.mark.parametrize(
+    ("created", "level"),
+    [
+        # A new schedule's first run "now" (or a run now): created as it falls due, so one
+        # poll late is expected and not worth a WARNING.
+        (NOW + timedelta(milliseconds=50), logging.INFO),
+        # Planned 20 s ahead and still sent 1.2 s late: the relay's fault, a WARNING.
+        (NOW - timedelta(seconds=20), logging.WARNING),
+    ],
+)
+def test_a_late_wave_warns_only_when_its_row_was_planned_ahead(
+    created: datetime, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FrozenClock(NOW - timedelta(seconds=20))
+    seed(clock, [(NOW, 1)])
+    Occurrence.objects.update(created_at=created)
+    relay = BurstRelay(clock=clock, publisher=RecordingPublisher(), node="n1")
+    clock.set(NOW + timedelta(seconds=1.2))  # the first poll after the row fell due
+    caplog.set_level(logging.INFO, logger="django_app.relay")
+    relay.poll()
+    drive(relay, clock)
+    assert OutboxEntry.objects.filter(sent_at__isnull=True).count() == 0
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "after due" in r.getMessage()]
+    assert lines, [r.getMessage() for r in caplog.records]
+    assert {lvl for lvl, _ in lines} == {level}, lines

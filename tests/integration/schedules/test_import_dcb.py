@@ -101,6 +101,35 @@ def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
     assert Schedule.objects.count() == 4
 
 
+def test_dry_run_shows_the_timing_each_import_gets(dcb: None) -> None:
+    from django_celery_beat import models as m
+
+    now = SYSTEM_CLOCK.now().replace(microsecond=0)
+    hourly = m.IntervalSchedule.objects.create(every=1, period="hours")
+    berlin = m.CrontabSchedule.objects.create(
+        minute="30", hour="2", day_of_week="*", day_of_month="*", month_of_year="*",
+        timezone="Europe/Berlin",
+    )  # fmt: skip
+    run_at = now + timedelta(hours=1)
+    clocked = m.ClockedSchedule.objects.create(clocked_time=run_at)
+    m.PeriodicTask.objects.create(
+        name="hourly", task="billing.ping", interval=hourly,
+        last_run_at=now - timedelta(minutes=10),
+    )  # fmt: skip
+    m.PeriodicTask.objects.create(name="cron", task="billing.ping", crontab=berlin)
+    m.PeriodicTask.objects.create(
+        name="clocked", task="billing.ping", clocked=clocked, one_off=True
+    )
+    report = run("--dry-run")
+    lines = {name: next(x for x in report.splitlines() if f"{name!r}:" in x) for name in
+             ("hourly", "cron", "clocked")}  # fmt: skip
+    first = now + timedelta(minutes=50)  # the cadence kept from last_run_at
+    assert f"every 3600 s, first run {first:%Y-%m-%d %H:%M:%S} UTC" in lines["hourly"]
+    assert "cron '30 2 * * *' in Europe/Berlin, first run " in lines["cron"]
+    assert f"once at {run_at:%Y-%m-%d %H:%M:%S} UTC" in lines["clocked"]
+    assert Schedule.objects.count() == 0  # still a dry run
+
+
 def test_without_the_tables_the_command_explains(db: None) -> None:
     from django.core.management.base import CommandError
 

@@ -98,6 +98,18 @@ def test_same_tenant_task_and_key_dedupes_across_occurrences(
 
 
 @pytest.mark.django_db
+def test_a_duplicate_is_logged_with_the_tenant_slug(
+    tenant_factory: Any, frozen_clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    globex = tenant_factory("globex")
+    run(scheduled(globex, "ns.invoice", frozen_clock), frozen_clock)
+    with caplog.at_level("INFO", logger="celery_scheduler.idempotency"):
+        run(scheduled(globex, "ns.invoice", frozen_clock, minutes=1), frozen_clock)
+    [line] = [r.getMessage() for r in caplog.records if "already done" in r.getMessage()]
+    assert "(tenant globex)" in line, line  # the slug, not the row id
+
+
+@pytest.mark.django_db
 def test_outside_the_scheduler_the_default_namespace_is_used(
     tenant: Any, frozen_clock: FrozenClock
 ) -> None:
