@@ -30,7 +30,7 @@ django.setup()
 
 project = "celery-scheduler"
 author = "celery-scheduler developers"
-copyright = "celery-scheduler developers"  # noqa: A001  (Sphinx's name)
+copyright = "celery-scheduler developers"
 
 extensions = [
     "myst_parser",

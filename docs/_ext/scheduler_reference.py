@@ -56,7 +56,9 @@ def _inline(text: str) -> list[nodes.Node]:
     return out
 
 
-def _table(header: list[str], rows: Iterable[list[list[nodes.Node]]], widths: list[int]) -> nodes.table:
+def _table(
+    header: list[str], rows: Iterable[list[list[nodes.Node]]], widths: list[int]
+) -> nodes.table:
     table = nodes.table()
     group = nodes.tgroup(cols=len(header))
     table += group
@@ -179,9 +181,7 @@ class MetricsDirective(SphinxDirective):
         ]
         buckets = ", ".join(f"{bucket:g}" for bucket in metrics.LAG_BUCKETS)
         note = nodes.paragraph()
-        note.extend(
-            [nodes.Text("Histogram buckets (seconds): "), *_code(buckets), nodes.Text(".")]
-        )
+        note.extend([nodes.Text("Histogram buckets (seconds): "), *_code(buckets), nodes.Text(".")])
         return [_table(["Metric", "Type", "Labels", "Help"], rows, [34, 10, 12, 44]), note]
 
 
@@ -261,7 +261,12 @@ class OpenAPIDirective(SphinxDirective):
             item = nodes.list_item()
             paragraph = nodes.paragraph()
             paragraph.extend(
-                [nodes.Text("request body: "), *_code(media), nodes.Text(" "), *_code(ref.rsplit("/", 1)[-1] or "object")]
+                [
+                    nodes.Text("request body: "),
+                    *_code(media),
+                    nodes.Text(" "),
+                    *_code(ref.rsplit("/", 1)[-1] or "object"),
+                ]
             )
             item += paragraph
             items += item
