@@ -45,7 +45,6 @@ exclude_patterns = ["_build", "_ext", ".venv"]
 # "#section" links and "page.md#section" links resolve to headings (checked: -n -W).
 myst_heading_anchors = 4
 myst_enable_extensions = ["deflist"]
-suppress_warnings: list[str] = []
 
 html_theme = "furo"
 html_title = "celery-scheduler"

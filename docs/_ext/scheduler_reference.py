@@ -101,8 +101,9 @@ class SettingsDirective(SphinxDirective):
         for field in dataclasses.fields(conf.SchedulerSettings):
             doc = " ".join(comments.get(("SchedulerSettings", field.name), [])).strip()
             if not doc:
-                # A field without a comment shares the one of the group it follows.
-                doc = "(see the setting above)"
+                # A setting without its ``#:`` comment fails the build (-W): every key is
+                # documented where it is defined.
+                LOG.warning("setting %r has no #: comment in django_app/conf.py", field.name)
             rows.append(
                 [
                     _code(field.name),
@@ -196,15 +197,47 @@ def openapi_document() -> dict[str, Any]:
     return document
 
 
+# drf-spectacular lists an enum's values as "* `A` - A" lines; the type column shows them.
+_ENUM_LINES = re.compile(r"^\* `[^`]*` - .*$\n?", re.MULTILINE)
+
+
+def _schema_name(ref: str) -> str:
+    return ref.rsplit("/", 1)[-1]
+
+
+def _type(schema: dict[str, Any]) -> list[nodes.Node]:
+    """A schema as a short type: a link to a named schema, ``array of X``, an enum's values."""
+    if "$ref" in schema:
+        name = _schema_name(schema["$ref"])
+        return [nodes.reference(name, name, refid=f"schema-{name.lower()}")]
+    if len(schema.get("allOf", [])) == 1:
+        return _type(schema["allOf"][0])
+    if schema.get("type") == "array":
+        return [nodes.Text("array of "), *_type(schema.get("items", {}))]
+    if "enum" in schema:
+        return [nodes.Text("one of "), *_code(", ".join(map(str, schema["enum"])))]
+    kind = str(schema.get("type", "object"))
+    if "format" in schema:
+        kind += f" ({schema['format']})"
+    if schema.get("nullable"):
+        kind += " or null"
+    return [nodes.Text(kind)]
+
+
+def _text(description: str) -> list[nodes.Node]:
+    return _inline(" ".join(_ENUM_LINES.sub("", description or "").split()))
+
+
 class OpenAPIDirective(SphinxDirective):
-    """Every operation of the HTTP API: method, path, summary, parameters, responses."""
+    """Every operation of the HTTP API and every schema it uses, from the OpenAPI document."""
 
     option_spec = {"prefix": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
-        from django_app.http import views
+        from django_app.http import serializers, views
 
         self.env.note_dependency(views.__file__)
+        self.env.note_dependency(serializers.__file__)
         document = openapi_document()
         prefix = self.options.get("prefix", "")
         link = nodes.paragraph()
@@ -215,7 +248,9 @@ class OpenAPIDirective(SphinxDirective):
                 nodes.reference("openapi.json", "openapi.json", refuri=target),
                 nodes.Text(" (the API serves the same at "),
                 *_code(prefix + "schema/?format=json"),
-                nodes.Text(")."),
+                nodes.Text("). Paths are shown under the example project's mount, "),
+                *_code(prefix),
+                nodes.Text("."),
             ]
         )
         result: list[nodes.Node] = [link]
@@ -225,62 +260,90 @@ class OpenAPIDirective(SphinxDirective):
             for method, operation in item.items():
                 if method not in {"get", "post", "put", "patch", "delete"}:
                     continue
-                shown = path.removeprefix("/scheduler/api/")
-                title = f"{method.upper()} {prefix}{shown}"
-                summary_rows.append([_code(title), _inline(operation.get("summary", ""))])
-                details.extend(self._operation(title, operation))
+                title = f"{method.upper()} {path}"
+                anchor = "op-" + re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+                summary_rows.append(
+                    [
+                        [nodes.reference(title, "", nodes.literal(title, title), refid=anchor)],
+                        _inline(operation.get("summary", "")),
+                    ]
+                )
+                details.extend(self._operation(title, anchor, operation))
         result.append(_table(["Operation", "Summary"], summary_rows, [40, 60]))
         result.extend(details)
+        result.append(nodes.rubric(text="Schemas"))
+        for name, schema in document.get("components", {}).get("schemas", {}).items():
+            result.extend(self._schema(name, schema))
         return result
 
-    def _operation(self, title: str, operation: dict[str, Any]) -> list[nodes.Node]:
-        out: list[nodes.Node] = [nodes.rubric(text=title)]
+    def _operation(self, title: str, anchor: str, operation: dict[str, Any]) -> list[nodes.Node]:
+        out: list[nodes.Node] = [nodes.rubric(text=title, ids=[anchor])]
         description = operation.get("description") or operation.get("summary", "")
         for paragraph_text in description.split("\n\n"):
             if paragraph_text.strip():
                 paragraph = nodes.paragraph()
-                paragraph.extend(_inline(" ".join(paragraph_text.split())))
+                paragraph.extend(_text(paragraph_text))
                 out.append(paragraph)
         items = nodes.bullet_list()
         for parameter in operation.get("parameters", []):
-            item = nodes.list_item()
-            paragraph = nodes.paragraph()
-            paragraph.extend(
+            required = ", required" if parameter.get("required") else ""
+            items += _item(
                 [
                     *_code(parameter["name"]),
-                    nodes.Text(f" ({parameter['in']}"),
-                    nodes.Text(", required) " if parameter.get("required") else ") "),
-                    *_inline(" ".join(parameter.get("description", "").split())),
+                    nodes.Text(f" ({parameter['in']}{required}): "),
+                    *_type(parameter.get("schema", {})),
+                    nodes.Text(". "),
+                    *_text(parameter.get("description", "")),
                 ]
             )
-            item += paragraph
-            items += item
         body = operation.get("requestBody", {}).get("content", {})
         for media, content in body.items():
-            ref = content.get("schema", {}).get("$ref", "")
-            item = nodes.list_item()
-            paragraph = nodes.paragraph()
-            paragraph.extend(
-                [
-                    nodes.Text("request body: "),
-                    *_code(media),
-                    nodes.Text(" "),
-                    *_code(ref.rsplit("/", 1)[-1] or "object"),
-                ]
+            schema = content.get("schema", {})
+            items += _item(
+                [nodes.Text("request body ("), *_code(media), nodes.Text("): "), *_type(schema)]
             )
-            item += paragraph
-            items += item
         for status, response in operation.get("responses", {}).items():
-            item = nodes.list_item()
-            paragraph = nodes.paragraph()
-            paragraph.extend(
-                [*_code(status), nodes.Text(" "), *_inline(response.get("description", ""))]
-            )
-            item += paragraph
-            items += item
+            answer: list[nodes.Node] = [*_code(status), nodes.Text(" ")]
+            answer += _text(response.get("description", ""))
+            for content in response.get("content", {}).values():
+                answer += [nodes.Text(" "), *_type(content.get("schema", {}))]
+            items += _item(answer)
         if len(items):
             out.append(items)
         return out
+
+    def _schema(self, name: str, schema: dict[str, Any]) -> list[nodes.Node]:
+        out: list[nodes.Node] = [nodes.rubric(text=name, ids=[f"schema-{name.lower()}"])]
+        if schema.get("description"):
+            paragraph = nodes.paragraph()
+            paragraph.extend(_text(schema["description"]))
+            out.append(paragraph)
+        properties = schema.get("properties", {})
+        if not properties:
+            paragraph = nodes.paragraph()
+            paragraph.extend(_type({k: v for k, v in schema.items() if k != "description"}))
+            out.append(paragraph)
+            return out
+        required = set(schema.get("required", []))
+        rows = [
+            [
+                _code(prop),
+                _type(spec),
+                [nodes.Text("yes" if prop in required else "")],
+                _text(spec.get("description", "")),
+            ]
+            for prop, spec in properties.items()
+        ]
+        out.append(_table(["Field", "Type", "Required", "Description"], rows, [20, 25, 8, 47]))
+        return out
+
+
+def _item(content: list[nodes.Node]) -> nodes.list_item:
+    item = nodes.list_item()
+    paragraph = nodes.paragraph()
+    paragraph.extend(content)
+    item += paragraph
+    return item
 
 
 def _write_openapi(app: Sphinx, exception: Exception | None) -> None:
