@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import inspect
 import json
 import os
 import re
@@ -125,7 +127,7 @@ class CommandDirective(SphinxDirective):
 
         name = self.arguments[0]
         command = load_command_class("django_app", name)
-        self.env.note_dependency(str(Path(__import__(type(command).__module__).__file__ or "")))
+        self.env.note_dependency(inspect.getfile(type(command)))
         documented: dict[str, str] = self.env.domaindata.setdefault("scheduler_commands", {})
         documented[name] = self.env.docname
         # argparse wraps to the terminal's width: fix it so a build is the same everywhere.
@@ -150,7 +152,8 @@ def _check_commands(app: Sphinx, env: BuildEnvironment) -> None:
     """Warn (an error under -W) for a management command no page documents."""
     from django.core.management import find_commands
 
-    commands_dir = Path(__import__("django_app").__file__ or "").parent / "management"
+    commands_dir = Path(inspect.getfile(importlib.import_module("django_app"))).parent
+    commands_dir /= "management"
     documented = env.domaindata.get("scheduler_commands", {})
     for name in sorted(find_commands(str(commands_dir))):
         if name not in documented:
