@@ -130,14 +130,35 @@ class CommandDirective(SphinxDirective):
         self.env.note_dependency(inspect.getfile(type(command)))
         documented: dict[str, str] = self.env.domaindata.setdefault("scheduler_commands", {})
         documented[name] = self.env.docname
-        # argparse wraps to the terminal's width: fix it so a build is the same everywhere.
-        os.environ["COLUMNS"] = "100"
+        # argparse wraps to the terminal's width: fix it so a build is the same everywhere
+        # (and the block fits the page).
+        os.environ["COLUMNS"] = "88"
+        # Django's common options are the same for every command: the page says so once.
+        command.suppressed_base_arguments = set(DJANGO_COMMON_OPTIONS)
         parser = command.create_parser("manage.py", name)
-        result: list[nodes.Node] = [nodes.literal_block(text=parser.format_help().rstrip())]
+        result: list[nodes.Node] = [_help_block(parser)]
         for sub_name, sub_parser in _subcommands(parser):
             result.append(nodes.rubric(text=f"manage.py {name} {sub_name}"))
-            result.append(nodes.literal_block(text=sub_parser.format_help().rstrip()))
+            result.append(_help_block(sub_parser))
         return result
+
+
+#: Options every Django command takes, left out of each command's help.
+DJANGO_COMMON_OPTIONS = (
+    "--version",
+    "--verbosity",
+    "--settings",
+    "--pythonpath",
+    "--traceback",
+    "--no-color",
+    "--force-color",
+)  # --skip-checks stays: only commands that run the system checks take it
+
+
+def _help_block(parser: argparse.ArgumentParser) -> nodes.literal_block:
+    block = nodes.literal_block(text=parser.format_help().rstrip())
+    block["language"] = "text"  # not highlighted as code
+    return block
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
