@@ -70,7 +70,7 @@ def require_safe_database(alias: str = "default") -> None:
         raise errors.UnsafeDatabase(
             f"the scheduler refuses to run on this database ({alias!r}): "
             + "; ".join(problems)
-            + f". Set {SQLITE_OPTIONS_HINT} (see the README, 'The embedded default')."
+            + f". Set {SQLITE_OPTIONS_HINT} (see docs/howto/databases.md, 'The embedded default')."
         )
 
 
