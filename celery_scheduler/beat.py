@@ -70,7 +70,7 @@ PROGRESS_STAMP_INTERVAL = 1.0
 #: cores with PostgreSQL and their burst relays measured ~700-1,000 rows/s each for hourly
 #: crons; assuming 2,000 started a 500,000-row instant only 310 s ahead, too late.
 ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 500
-#: Materializing passes at least this large log their rate at INFO (README "Capacity").
+#: Materializing passes at least this large log their rate at INFO (docs: "Retention and scale").
 STAGE_LOG_ROWS = 10_000
 #: Seconds between two readings of the schedules due within ``max_horizon_seconds``...
 HORIZON_REFRESH_SECONDS = 5.0

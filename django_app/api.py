@@ -100,7 +100,7 @@ def create_schedule(
         cron: Five-field cron or a macro (``@hourly``...), read in ``timezone``.
         interval: Fixed rate (seconds or timedelta) from ``start_at`` (default: now).
         run_at: One-off instant (aware datetime).
-        misfire_policy: ``SKIP``, ``FIRE_ONCE`` or ``CATCH_UP`` (see README, "Misfire").
+        misfire_policy: ``SKIP``, ``FIRE_ONCE`` or ``CATCH_UP`` (docs: "The contracts", "Misfire").
         max_lateness: How late (seconds) a fire time may still run; later ones misfire.
         catchup_cap: How many late fire times ``CATCH_UP`` runs at most.
         overlap_policy: ``ALLOW``, ``SKIP_IF_RUNNING`` or ``QUEUE_ONE``.
@@ -118,7 +118,7 @@ def create_schedule(
             occurrences (the reason is recorded); a success resets the count.
         tags: Free-form ``{key: value}`` labels, filterable in ``list_schedules``.
         actor, reason: Who makes the call and why, for the audit trail (every lifecycle
-            call here takes them; see README, "Audit trail").
+            call here takes them; see docs: "The contracts", "Audit trail").
 
     Raises:
         celery_scheduler.errors.ValidationError: a subclass naming the bad field.
@@ -232,7 +232,7 @@ def update_schedule(
     Unclaimed occurrences of older versions become CANCELED (never deleted); the result
     says how many, and which occurrences are still running under an older version. Their
     times are planned again under the new version unless an older version already claimed
-    or finished them (those never run twice; see README, "Lifecycle").
+    or finished them (those never run twice; see docs: "The contracts", "Lifecycle").
     ``max_runs``, ``pause_after_failures`` and ``tags`` (which replaces every tag) change
     in place: alone they make no new version. ``max_runs`` must be above the runs
     already made (``ValidationError`` otherwise); ``None`` removes the limit.

@@ -45,17 +45,22 @@ class SchedulerSettings:
     redelivery_timeout_seconds: int = 600
     #: Default tenant slug for schedules created without one (and for static beat entries).
     default_tenant: str = "default"
-    #: Defaults applied when a schedule does not set them.
+    #: Defaults applied when a schedule does not set them: the misfire threshold (seconds),
     default_max_lateness_seconds: int = 300
+    #: the ``CATCH_UP`` cap (late fire times run after downtime, at most),
     default_catchup_cap: int = 10
     #: MISSED rows the materializer records per schedule per pass after downtime. Older late
     #: fire times are jumped over (the report counts the jump; no row each), so a long outage never
     #: floods the database with history.
     max_missed_per_pass: int = 1000
+    #: Attempts of an occurrence before it goes DEAD, when its schedule sets none.
     default_max_attempts: int = 5
-    #: Hard limits that validation enforces ("absurd" values are rejected).
+    #: Hard limits that validation enforces ("absurd" values are rejected): the widest
+    #: flexible window (seconds),
     max_flexible_window_seconds: int = 24 * 3600
+    #: the largest ``CATCH_UP`` cap,
     max_catchup_cap: int = 10_000
+    #: the largest misfire threshold (seconds).
     max_lateness_limit_seconds: int = 30 * 24 * 3600
     #: Largest args + kwargs of a schedule, in bytes of compact JSON. They are sent in every
     #: message of every fire (and held by the burst relay), so big data belongs elsewhere.
@@ -79,11 +84,14 @@ class SchedulerSettings:
     #: LookaheadRelay; True/1 forces it on PostgreSQL with any broker; False/0 pins the
     #: LookaheadRelay. Read with :func:`burst_relay_enabled`.
     burst_relay: bool | int | str = "auto"
+    #: How far ahead the burst relay claims and prepares under a light load: the floor of
+    #: its sized window (seconds).
     burst_lookahead_seconds: int = 30
     #: The burst relay's lookahead grows from ``burst_lookahead_seconds`` up to this when
     #: many rows are due, sized from the unsent rows within it and the claim + prepare rate
     #: it measured, so a large burst is prepared before its instant (seconds).
     burst_max_lookahead_seconds: int = 600
+    #: How long before its time the burst relay locks a prepared row (seconds).
     burst_hold_seconds: int = 1
     #: Rows one burst relay holds prepared at most (more wait for a later claim, or go
     #: through the general relay once due). A held row costs about its message's size

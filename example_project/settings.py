@@ -80,7 +80,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     # MySQL 8 / MariaDB 10.6+. utf8mb4 for any text; the test database gets a binary
-    # (case-sensitive) collation like the one the README asks production databases to use: under
+    # (case-sensitive) collation like the one the docs ask production databases to use: under
     # the servers' default *_ci collations "Key" and "key" would collide in the unique indexes
     # on idempotency keys. Django's MySQL backend already sets READ COMMITTED (the claims'
     # conditional UPDATEs rely on it) and stores UTC datetimes as DATETIME(6).

@@ -14,7 +14,7 @@ from django.urls import include, path, re_path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    # The HTTP JSON API (README, "HTTP API"): one include, with its OpenAPI schema.
+    # The HTTP JSON API (docs/howto/http-api.md): one include, with its OpenAPI schema.
     path("scheduler/api/", include("django_app.http.urls")),
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
 ]

@@ -608,7 +608,7 @@ class BurstRelay:
             len(wave.rows), wave.start.strftime("%H:%M:%S"), late, last,
         )  # fmt: skip
         if len(wave.rows) >= STAGE_LOG_ROWS:
-            # The per-stage rates a capacity plan needs (README "Capacity"), for large waves.
+            # Per-stage rates for a capacity plan (docs, "Retention and scale"), for large waves.
             logger.info(
                 "burst relay %s: stage rates (rows/s) %s",
                 self.token,

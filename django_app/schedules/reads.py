@@ -347,7 +347,7 @@ def filtered(
         needle = validation.checked_text(name_contains, "name_contains")
         # Lowered on both sides in SQL rather than ``icontains``: Django's MySQL backend spells
         # that as a plain LIKE, which is case-sensitive under the utf8mb4_bin collation the
-        # README asks MySQL/MariaDB databases to use.
+        # docs ("Choose a database") ask MySQL/MariaDB databases to use.
         qs = qs.alias(name_lower=Lower("name")).filter(name_lower__contains=Lower(Value(needle)))
     before = validation.aware_datetime(next_run_before, "next_run_before")
     after = validation.aware_datetime(next_run_after, "next_run_after")

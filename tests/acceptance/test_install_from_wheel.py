@@ -1,13 +1,14 @@
-"""The README's quick start, followed literally, on a brand-new project.
+"""The quick start (docs/tutorial/quickstart.md), followed literally, on a brand-new project.
 
-Builds the sdist and wheel (``twine check`` must pass), installs the wheel with the README's
-extras into a fresh virtualenv (nothing from this checkout on its path), creates a project
-with ``django-admin startproject`` and an app with ``startapp``, pastes the README's code
-blocks (found by their first-line ``# path`` comment), migrates, and runs beat and a worker
-with the README's commands as real processes until a schedule created through the public API
-has run. Once on PostgreSQL + Redis and once on PostgreSQL + RabbitMQ.
+Builds the sdist and wheel (``twine check`` must pass, README included), installs the wheel
+with the quick start's extras into a fresh virtualenv (nothing from this checkout on its
+path), creates a project with ``django-admin startproject`` and an app with ``startapp``,
+pastes the quick start's code blocks (found by their first-line ``# path`` comment),
+migrates, and runs beat and a worker with the quick start's commands as real processes until
+a schedule created through the public API has run. Once on PostgreSQL + Redis and once on
+PostgreSQL + RabbitMQ.
 
-The only lines that are not the README's: the test's own database and broker address
+The only lines that are not the quick start's: the test's own database and broker address
 (a user has theirs already), and on RabbitMQ a queue name of the test's own.
 """
 
@@ -32,12 +33,14 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.postgres, pytest.mark.timeout(
 
 FENCE = re.compile(r"^( *)```(python|bash)\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: The page a new user follows (the README's short quick start points there).
+QUICK_START = ROOT / "docs" / "tutorial" / "quickstart.md"
 
 
-def readme_files() -> dict[str, str]:
-    """README code blocks whose first line is ``# some/path``: path -> block text."""
+def quick_start_files() -> dict[str, str]:
+    """Quick start code blocks whose first line is ``# some/path``: path -> block text."""
     files: dict[str, str] = {}
-    for match in FENCE.finditer((ROOT / "README.md").read_text()):
+    for match in FENCE.finditer(QUICK_START.read_text()):
         block = textwrap.dedent(match.group(3))
         first, _, _ = block.partition("\n")
         found = re.fullmatch(r"# ([\w/]+\.py)( \(add\))?", first.strip())
@@ -95,7 +98,7 @@ def new_project(venv: Path, where: Path, database: str, broker: str, queue: str 
     where.mkdir()
     run([str(bin_dir / "django-admin"), "startproject", "proj", "."], cwd=where, env=clean_env())
     run([str(bin_dir / "python"), "manage.py", "startapp", "billing"], cwd=where, env=clean_env())
-    blocks = readme_files()
+    blocks = quick_start_files()
     for path in ("proj/celery.py", "proj/__init__.py", "billing/tasks.py"):
         (where / path).write_text(blocks[path])
     settings = where / "proj" / "settings.py"
@@ -111,26 +114,24 @@ def new_project(venv: Path, where: Path, database: str, broker: str, queue: str 
     return where
 
 
-def readme_task_name() -> str:
-    """The task name the README's ``api.create_schedule`` example refers to."""
-    found = re.search(
-        r'api\.create_schedule\(.*?task="([^"]+)"', (ROOT / "README.md").read_text(), re.S
-    )
-    assert found, "the README shows no api.create_schedule(task=...)"
+def quick_start_task_name() -> str:
+    """The task name the quick start's ``api.create_schedule`` example refers to."""
+    found = re.search(r'api\.create_schedule\(.*?task="([^"]+)"', QUICK_START.read_text(), re.S)
+    assert found, "the quick start shows no api.create_schedule(task=...)"
     return found.group(1)
 
 
-def readme_command(prefix: str) -> list[str]:
-    """The README's command line that starts with ``prefix`` (e.g. ``celery -A proj beat``)."""
-    for match in FENCE.finditer((ROOT / "README.md").read_text()):
+def quick_start_command(prefix: str) -> list[str]:
+    """The quick start's command line that starts with ``prefix`` (e.g. ``celery -A proj beat``)."""
+    for match in FENCE.finditer(QUICK_START.read_text()):
         for line in textwrap.dedent(match.group(3)).splitlines():
             if line.startswith(prefix):
                 return line.split()
-    raise AssertionError(f"the README has no command starting with {prefix!r}")
+    raise AssertionError(f"the quick start has no command starting with {prefix!r}")
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
-def test_readme_quick_start_on_a_new_project(
+def test_quick_start_on_a_new_project(
     broker: str, venv: Path, database: str, tmp_path: Path
 ) -> None:
     import psycopg
@@ -148,7 +149,7 @@ def test_readme_quick_start_on_a_new_project(
     env = clean_env()
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     run([python, "manage.py", "migrate", "-v", "0"], cwd=project, env=env)
-    task = readme_task_name()
+    task = quick_start_task_name()
     run(
         [python, "manage.py", "shell", "-c", textwrap.dedent(f"""
             from datetime import timedelta
@@ -162,8 +163,8 @@ def test_readme_quick_start_on_a_new_project(
 
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("beat", "worker")}
     commands = {
-        "beat": readme_command("celery -A proj beat"),
-        "worker": readme_command("celery -A proj worker"),
+        "beat": quick_start_command("celery -A proj beat"),
+        "worker": quick_start_command("celery -A proj worker"),
     }
     processes = [
         subprocess.Popen(commands[name], cwd=project, env=env, stdout=logs[name], stderr=-2)

@@ -39,7 +39,7 @@ pytestmark = [
 ROWS = 20
 #: Seconds the claiming beat stays frozen.
 STALL = 20.0
-#: Seconds after its time by which every row must be on the broker (README's worst case).
+#: Seconds after its time by which every row must be on the broker (docs/howto/many-beats.md).
 BOUND = 5.0
 
 

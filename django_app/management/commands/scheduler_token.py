@@ -1,6 +1,6 @@
 """``manage.py scheduler_token create --tenant SLUG [--name N]`` / ``revoke PREFIX`` / ``list``.
 
-Per-tenant tokens for the HTTP API (README, "HTTP API"). ``create`` prints the token once:
+Per-tenant tokens for the HTTP API (docs/howto/http-api.md). ``create`` prints the token once:
 only its SHA-256 is stored, so a lost token is revoked and replaced, never recovered.
 Exit codes: 0 done, 2 bad arguments (unknown tenant or prefix).
 """
