@@ -366,6 +366,7 @@ class BulkView(SchedulerAPIView):
         ],
         responses=_responses(s.BulkOutcome),
         **operations.doc("schedules_bulk_action"),
+        operation_id="schedules_bulk_action",
     )
     def post(self, request: Request, action: str) -> Response:
         call = _BULK.get(action)

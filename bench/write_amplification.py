@@ -1,0 +1,234 @@
+"""The database's work per occurrence over its whole life, phase by phase, on PostgreSQL.
+
+``python -m bench.write_amplification [--n 5000] [--db cs_wal]``
+
+Recreates the database ``--db``, migrates it, and takes N hourly crons (due at one minute)
+through the life a user's schedule has on the defaults, each phase in this process on a
+frozen clock: **create** (``api.create_schedules``), **plan** (the beat's materializer),
+**publish** (the burst relay, the default on PostgreSQL with Redis, into a recording
+publisher: the broker's own work is not counted), **claim + complete** (the worker wrapper's
+``execute`` for each occurrence, as ``celery_scheduler.run_occurrence`` calls it).
+
+For each phase it prints, per schedule or occurrence:
+
+- WAL bytes of this database's relations, read with ``pg_walinspect`` between the phase's
+  first and last LSN, split into records and full-page images (a first change to a page
+  after a checkpoint logs the whole page; each phase starts after a ``CHECKPOINT``, so the
+  FPI column is the worst case). Records without a relation (commits) are counted apart;
+  other databases' WAL on a shared cluster is left out by the relation filter;
+- index entries written (B-tree and GIN leaf inserts) per index, and heap inserts, updates
+  and HOT updates per table (``pg_stat_user_tables`` deltas of this database).
+
+The figures are counts of the database's work, so unlike times they do not depend on what
+else the machine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import django
+import psycopg
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+TASK = "bench.write_amplification.noop"
+_REL = re.compile(r"rel \d+/(\d+)/(\d+)")
+#: WAL record types that add one entry to an index.
+_INDEX_INSERTS = {("Btree", "INSERT_LEAF"), ("Btree", "INSERT_UPPER"), ("Btree", "SPLIT_L"),
+                  ("Btree", "SPLIT_R"), ("Btree", "DEDUP"), ("Gin", "INSERT")}  # fmt: skip
+
+
+@dataclass
+class PhaseWork:
+    """What one phase cost the database."""
+
+    name: str
+    rows: int
+    record_bytes: int = 0
+    fpi_bytes: int = 0
+    unattributed_bytes: int = 0
+    index_entries: Counter[str] = field(default_factory=Counter)
+    heap: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def print(self) -> None:
+        per = max(self.rows, 1)
+        print(
+            f"\n== {self.name}: {self.rows:,} rows; per row: WAL {self.record_bytes / per:,.0f} B "
+            f"records + {self.fpi_bytes / per:,.0f} B full pages "
+            f"(+ {self.unattributed_bytes / per:,.0f} B commits etc.); "
+            f"index entries {sum(self.index_entries.values()) / per:.2f}"
+        )
+        for table, counts in sorted(self.heap.items()):
+            shown = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(counts.items()) if v)
+            if shown:
+                print(f"   heap  {table:<40} {shown}")
+        for index, count in self.index_entries.most_common():
+            print(f"   index {index:<40} {count / per:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=5_000)
+    parser.add_argument("--db", default="cs_wal")
+    args = parser.parse_args()
+
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{args.db}"')
+    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    meter = Meter(f"{PG}/{args.db}")
+    for phase in run_life(args.n, meter):
+        phase.print()
+
+
+class Meter:
+    """Reads WAL and table statistics of one database around a phase."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        (self.db_oid,) = self.conn.execute(
+            "SELECT oid::text FROM pg_database WHERE datname = current_database()"
+        ).fetchone()  # type: ignore[misc]
+
+    def measure(self, name: str, rows: int, phase: Callable[[], Any]) -> PhaseWork:
+        self.conn.execute("CHECKPOINT")
+        # A replication slot keeps the phase's WAL segments from being recycled until read.
+        slot = f"bench_wal_{os.getpid()}"
+        self.conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", [slot])
+        try:
+            return self._measure(name, rows, phase)
+        finally:
+            self.conn.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+
+    def _measure(self, name: str, rows: int, phase: Callable[[], Any]) -> PhaseWork:
+        before_stats = self._table_stats()
+        (start,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()  # type: ignore[misc]
+        phase()
+        (end,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()  # type: ignore[misc]
+        while self.conn.execute(  # the WAL writer flushes within wal_writer_delay
+            "SELECT pg_current_wal_flush_lsn() < %s::pg_lsn", [end]
+        ).fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.05)
+        work = PhaseWork(name, rows)
+        names = self._relation_names()
+        for rmgr, rtype, length, fpi, block_ref in self.conn.execute(
+            "SELECT resource_manager, record_type, record_length, fpi_length, block_ref "
+            "FROM pg_get_wal_records_info(%s, %s)",
+            [start, end],
+        ):
+            refs = _REL.findall(block_ref or "")
+            if not refs:
+                work.unattributed_bytes += length if rmgr == "Transaction" else 0
+                continue
+            if all(db != self.db_oid for db, _ in refs):
+                continue  # another database on the shared cluster
+            work.record_bytes += length - fpi
+            work.fpi_bytes += fpi
+            if (rmgr, rtype.split()[0]) in _INDEX_INSERTS:
+                work.index_entries[names.get(refs[0][1], refs[0][1])] += 1
+        after_stats = self._table_stats()
+        for table, after in after_stats.items():
+            before = before_stats.get(table, (0, 0, 0))
+            for key, b, a in zip(("insert", "update", "hot update"), before, after, strict=True):
+                work.heap[table][key] += a - b
+        return work
+
+    def _relation_names(self) -> dict[str, str]:
+        rows = self.conn.execute(
+            "SELECT pg_relation_filenode(oid)::text, relname FROM pg_class "
+            "WHERE relnamespace = 'public'::regnamespace AND pg_relation_filenode(oid) IS NOT NULL"
+        )
+        return dict(rows.fetchall())
+
+    def _table_stats(self) -> dict[str, tuple[int, int, int]]:
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = self.conn.execute(
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "WHERE relname LIKE 'django_app_%%'"
+        )
+        return {name: (ins, upd, hot) for name, ins, upd, hot in rows}
+
+
+def run_life(n: int, meter: Meter) -> list[PhaseWork]:
+    """Create, plan, publish, claim and complete ``n`` occurrences; one PhaseWork each."""
+    from celery import Celery, shared_task
+
+    from celery_scheduler import api
+    from celery_scheduler.core.clock import FrozenClock
+    from celery_scheduler.publishers import RecordingPublisher
+    from django_app import tasks as wrapper
+    from django_app.materialize import per_schedule
+    from django_app.models import Occurrence
+    from django_app.relay.burst import BurstRelay
+
+    app = Celery("bench", set_as_current=True)
+    shared_task(name=TASK)(noop)
+    app.finalize()
+    due = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=10)
+    items = [
+        {"name": f"job {i}", "task": TASK, "cron": f"{due.minute} * * * *", "kwargs": {"n": i}}
+        for i in range(n)
+    ]
+    phases = [
+        meter.measure(
+            "create (api.create_schedules)",
+            n,
+            lambda: [api.create_schedules(items[s : s + 5_000]) for s in range(0, n, 5_000)],
+        )
+    ]
+    clock = FrozenClock(due - timedelta(seconds=60))
+    phases.append(
+        meter.measure("plan (the beat's materializer)", n,
+                      lambda: per_schedule.materialize_due(clock=clock, node="bench"))
+    )  # fmt: skip
+    publisher = RecordingPublisher()
+
+    def publish() -> None:
+        relay = BurstRelay(clock=clock, publisher=publisher, node="bench")
+        clock.set(due - timedelta(seconds=5))
+        while len(publisher.sent) < n and clock.now() < due + timedelta(minutes=2):
+            relay.poll()
+            while (at := relay.next_due_at()) is not None:
+                clock.set(max(at, clock.now()))
+                relay.publish_held()
+            clock.advance(0.5)
+
+    phases.append(meter.measure("publish (the burst relay)", n, publish))
+    sent = [m.occurrence_id for m in publisher.sent]
+    phases.append(
+        meter.measure(
+            "claim + complete (the worker wrapper)",
+            len(sent),
+            lambda: [
+                wrapper.execute(
+                    app, str(oid), TASK, [], {"n": 0}, worker_name="bench/1", clock=clock
+                )
+                for oid in sent
+            ],
+        )
+    )
+    states = Counter(Occurrence.objects.values_list("state", flat=True))
+    print(f"occurrence states at the end: {dict(states)}; published {len(sent):,} of {n:,}")
+    return phases
+
+
+def noop(n: int = 0) -> dict[str, int]:
+    return {"n": n}
+
+
+if __name__ == "__main__":
+    main()
