@@ -79,11 +79,18 @@ class Line:
         )
         return self.waiters().filter(older).exclude(pk=occ.pk).exists()
 
-    def wake_oldest(self, now: datetime, *, besides: uuid.UUID) -> int:
+    def wake_oldest(
+        self,
+        now: datetime,
+        *,
+        besides: uuid.UUID,
+        unless_due_within: timedelta = timedelta(seconds=1),
+    ) -> int:
         """Make the oldest waiter other than ``besides`` ask now if it is parked or lost.
 
         One read and one conditional UPDATE of its outbox row: a head already due within
-        a second, or whose message is out and recent, is left alone (0 rows).
+        ``unless_due_within`` (a claim's wake: it polls anyway), or whose message is out
+        and recent, is left alone (0 rows). A released slot wakes with 0: ask now.
         """
         head = (
             self.waiters()
@@ -94,7 +101,7 @@ class Line:
         )
         if head is None:
             return 0
-        parked = Q(sent_at__isnull=True, available_at__gt=now + timedelta(seconds=1))
+        parked = Q(sent_at__isnull=True, available_at__gt=now + unless_due_within)
         lost = Q(sent_at__lt=now - LOST_AFTER)
         due = OutboxEntry.objects.filter(parked | lost, occurrence_id=head)
         return due.update(
