@@ -168,6 +168,8 @@ def _claim(
         full = quotas.running_quota_full(occ.tenant_id, occ.pk, now, behind=place.behind)
         if full:
             return _wait(occ, now, defer, place, full)
+        if place.asked:  # the tenant has a max_running: its next waiter becomes the head
+            place.line.wake_oldest(now, besides=occ.pk)
         token = occ.fencing_token + 1
         slot = None
         if schedule.concurrency_limit:

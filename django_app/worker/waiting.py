@@ -17,10 +17,13 @@ IMMEDIATE): a waiter's deferral that committed before the lock was taken is seen
 **Cost.** Only the head of a line polls (republished every ``defer``, one second by
 default). A waiter behind it is *parked*: republished after :data:`PARK`, and woken
 (its outbox row made due now) when it becomes the head: by the claim that takes a slot
-(it wakes the next waiter, which then polls while it runs) and by any claim that finds an
-older waiter (it wakes the oldest, so a head invalidated by a pause or an update does not
-leave the line parked). ``N`` waiters on one key therefore cost about ``60 + N * 60 / PARK``
-publishes a minute instead of ``60 * N`` (bench/README.md, "Waiting in order").
+(it wakes the next waiter, which then polls while it runs), by a worker releasing a slot
+(:func:`django_app.worker.finish.complete` and the other releases wake the key's oldest
+waiter, so the hand-over does not wait for a poll; a tenant's ``max_running`` hand-over
+does: up to ``defer``), and by any claim that finds an older waiter (it wakes the oldest,
+so a head invalidated by a pause or an update does not leave the line parked). ``N``
+waiters on one key therefore cost about ``60 + N * 60 / PARK`` publishes a minute instead
+of ``60 * N`` (bench/README.md, "Waiting in order").
 
 A head whose message was published more than :data:`LOST_AFTER` ago and not claimed since
 (the broker lost it, a worker died holding it) is republished by the next claim that finds
@@ -39,7 +42,7 @@ from django_app.models import Occurrence, OutboxEntry
 from django_app.querysets import OccurrenceQuerySet
 
 #: How long a waiter behind the head of its line stays in the outbox before it asks again.
-PARK = timedelta(seconds=60)
+PARK = timedelta(minutes=5)
 #: A head's message unclaimed this long after its publish is presumed lost: publish again.
 LOST_AFTER = timedelta(seconds=5)
 
@@ -121,6 +124,10 @@ class Place:
         if self._behind is None:
             self._behind = self.line.ahead_of(self.occ)
         return self._behind
+
+    @property
+    def asked(self) -> bool:
+        return self._behind is not None
 
     @property
     def asked_and_behind(self) -> bool:

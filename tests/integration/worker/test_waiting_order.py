@@ -98,10 +98,11 @@ def test_waiters_start_in_scheduled_order_whatever_order_they_are_delivered_in(
     assert [o.scheduled_for for o in started] == sorted(o.scheduled_for for o in started)
 
 
+@pytest.mark.parametrize("line", list(LINES))
 def test_only_the_head_polls_and_a_taken_slot_wakes_the_next_waiter(
-    tenant: Any, frozen_clock: FrozenClock
+    line: str, tenant: Any, tenant_factory: Callable[..., Any], frozen_clock: FrozenClock
 ) -> None:
-    a, b = group_pair(tenant)
+    a, b = LINES[line](tenant, tenant_factory)
     t0 = frozen_clock.now()
     holder, head, second, third = (
         make_occurrence((a, b)[i % 2], t0 + timedelta(seconds=i)) for i in range(4)
