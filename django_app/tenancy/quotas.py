@@ -37,7 +37,7 @@ time order: 2-3 ms); SQLite 13 ms at 5k, 106 ms at 50k.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from django.db import connection
@@ -146,13 +146,23 @@ def count_throttled(counts: dict[int, int]) -> None:
     observe.throttled({names.get(t, str(t)): n for t, n in counts.items()})
 
 
-def running_quota_full(tenant_id: int, occurrence_id: uuid.UUID, now: datetime) -> str:
+def running_quota_full(
+    tenant_id: int,
+    occurrence_id: uuid.UUID,
+    now: datetime,
+    *,
+    behind: Callable[[], bool] | None = None,
+) -> str:
     """Why the tenant cannot start another occurrence now ("" when it can).
 
     Must run inside the claim transaction: the tenant row is locked ``FOR UPDATE`` (only
     when it has a ``max_running``), so concurrent claims of one tenant count one after
     another and never start more than ``max_running``. RUNNING occurrences whose lease
-    expired are not counted (their worker is gone), nor the one being claimed.
+    expired are not counted (their worker is gone), nor the one being claimed. ``behind``
+    (asked under the lock, only for a tenant with a ``max_running``) says an older
+    occurrence already waits for the tenant: this one waits too, room or not, so waiters
+    start oldest first (:mod:`django_app.worker.waiting`). Every reason starts with
+    ``"tenant <slug>: "``.
     """
     limit = (
         Tenant.objects.select_for_update()
@@ -163,6 +173,9 @@ def running_quota_full(tenant_id: int, occurrence_id: uuid.UUID, now: datetime) 
     if limit is None:
         return ""
     max_running, slug = limit
+    if behind is not None and behind():
+        observe.throttled({slug: 1})
+        return f"tenant {slug}: behind an older waiter, max_running {max_running}"
     running = (
         Occurrence.objects.running_leased(now)
         .filter(tenant_id=tenant_id)

@@ -14,7 +14,9 @@ occurrences of one schedule are serialized on it, so they cannot both see "none 
 
 Unclaimed occurrences that must wait (QUEUE_ONE, tenant at max_running, no free slot) go
 back to the outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a
-new Attempt: waiting is not a try and does not burn the retry budget. Retries and
+new Attempt: waiting is not a try and does not burn the retry budget. Waiters for a slot or
+for the tenant's ``max_running`` are served oldest ``scheduled_for`` first, and only the
+head of each line polls (:mod:`django_app.worker.waiting`). Retries and
 lease-expiry recovery reset the outbox the same way, so the relay republishes the same
 occurrence id.
 """
@@ -40,7 +42,7 @@ from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.operations import observe
 from django_app.querysets import transition
 from django_app.tenancy import quotas
-from django_app.worker import limits
+from django_app.worker import limits, waiting
 from django_app.worker.finish import (
     lease_or_default,
     logger,
@@ -160,20 +162,40 @@ def _claim(
         held = _apply_overlap(schedule, occ, now, defer)
         if held is not None:
             return held
-        full = quotas.running_quota_full(occ.tenant_id, occ.pk, now)
+        # Waiters are served oldest first (django_app.worker.waiting): asked under the
+        # tenant row lock here, under the key's slot row locks below.
+        place = waiting.Place(line=waiting.Line.for_tenant(occ.tenant_id, tenant), occ=occ)
+        full = quotas.running_quota_full(occ.tenant_id, occ.pk, now, behind=place.behind)
         if full:
-            return _defer(occ, now + defer, full)
+            return _wait(occ, now, defer, place, full)
+        if place.asked:  # the tenant has a max_running: its next waiter becomes the head
+            place.line.wake_oldest(now, besides=occ.pk)
         token = occ.fencing_token + 1
         slot = None
         if schedule.concurrency_limit:
             key = concurrency_key(schedule)
-            slot = _acquire_slot(
-                schedule.tenant_id, key, schedule.concurrency_limit,
-                slot_owner(occ_id, token), occ_id, now, lease,
-            )  # fmt: skip
+            _lock_slots(schedule.tenant_id, key, schedule.concurrency_limit)
+            place = waiting.Place(line=waiting.Line.for_slots(schedule.tenant_id, key), occ=occ)
+            if not place.behind():
+                slot = _acquire_slot(
+                    schedule.tenant_id, key, schedule.concurrency_limit,
+                    slot_owner(occ_id, token), occ_id, now, lease,
+                )  # fmt: skip
             if slot is None:
-                return _defer(occ, now + defer, f"waiting for a concurrency slot of {key}")
+                return _wait(occ, now, defer, place, waiting.slot_reason(key))
+            # The next waiter becomes the head: it polls while this one runs.
+            place.line.wake_oldest(now, besides=occ.pk)
         return _start(schedule, occ, worker, now, lease, slot, tenant)
+
+
+def _wait(
+    occ: Occurrence, now: datetime, defer: timedelta, place: waiting.Place, reason: str
+) -> ClaimResult:
+    """Defer ``occ`` in its line: the head asks again after ``defer``, the others park."""
+    if not place.asked_and_behind:
+        return _defer(occ, now + defer, reason)
+    place.line.wake_oldest(now, besides=occ.pk)  # the head may be parked or lost
+    return _defer(occ, now + max(defer, waiting.PARK), reason)
 
 
 def _stale_reason(schedule: Schedule, occ: Occurrence) -> str:
@@ -278,22 +300,11 @@ def _defer(occ: Occurrence, retry_at: datetime, reason: str) -> ClaimResult:
     )
 
 
-def _acquire_slot(
-    tenant_id: int,
-    key: str,
-    limit: int,
-    owner: str,
-    occ_id: uuid.UUID,
-    now: datetime,
-    lease: timedelta,
-) -> SlotLease | None:
-    """Take one of ``limit`` slots of the tenant's ``key`` that is free or expired.
+def _lock_slots(tenant_id: int, key: str, limit: int) -> None:
+    """Create the key's ``limit`` slot rows if missing, then lock them (slot order).
 
-    Group names are chosen by tenants, so slots are keyed by (tenant, key): another
-    tenant's group of the same name is another set of rows. The rows are created on first
-    use (ON CONFLICT DO NOTHING). Each take is a conditional UPDATE; on PostgreSQL a
-    competing claimer blocks on the row and re-checks the condition after the first one
-    commits, so two claimers cannot both take one slot.
+    The lock serializes the key's claims, so the line's order is read and a slot taken as
+    one step: a waiter that deferred before this lock was taken is seen by the check.
     """
     mine = ConcurrencySlot.objects.filter(tenant_id=tenant_id, key=key, slot__lt=limit)
     have = set(mine.values_list("slot", flat=True))
@@ -306,6 +317,27 @@ def _acquire_slot(
             ],
             ignore_conflicts=True,
         )
+    list(mine.select_for_update().order_by("slot").values_list("pk", flat=True))
+
+
+def _acquire_slot(
+    tenant_id: int,
+    key: str,
+    limit: int,
+    owner: str,
+    occ_id: uuid.UUID,
+    now: datetime,
+    lease: timedelta,
+) -> SlotLease | None:
+    """Take one of ``limit`` slots of the tenant's ``key`` that is free or expired.
+
+    Group names are chosen by tenants, so slots are keyed by (tenant, key): another
+    tenant's group of the same name is another set of rows, created on first use by
+    :func:`_lock_slots` (ON CONFLICT DO NOTHING), which the caller has locked. Each take
+    is still a conditional UPDATE checked by row count, so two claimers cannot both take
+    one slot even where the lock is a no-op.
+    """
+    mine = ConcurrencySlot.objects.filter(tenant_id=tenant_id, key=key, slot__lt=limit)
     free = Q(owner="") | Q(expires_at__lt=now)
     candidates = mine.filter(free).order_by("slot").values_list("pk", "slot")
     for pk, slot in list(candidates):

@@ -25,7 +25,7 @@ from django_app import conf
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 from django_app.operations import observe
 from django_app.querysets import transition
-from django_app.worker import limits
+from django_app.worker import limits, waiting
 
 logger = logging.getLogger("celery_scheduler.worker")
 _ERROR_LIMIT = 4000
@@ -58,10 +58,26 @@ def republish(occ: Occurrence, at: datetime) -> None:
         )  # fmt: skip
 
 
-def _release_slot(occurrence_id: uuid.UUID, token: int) -> None:
-    ConcurrencySlot.objects.filter(owner=slot_owner(occurrence_id, token)).update(
+def _release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
+    """Free the attempt's slot and wake the oldest waiter of its key to take it now.
+
+    The wake is what keeps a line's hand-over short: the next waiter does not wait for its
+    next poll (:mod:`django_app.worker.waiting`). One read when the run held no slot.
+    """
+    held = list(
+        ConcurrencySlot.objects.filter(owner=slot_owner(occurrence_id, token)).values_list(
+            "pk", "tenant_id", "key"
+        )
+    )
+    if not held:
+        return
+    ConcurrencySlot.objects.filter(pk__in=[pk for pk, _, _ in held]).update(
         owner="", occurrence_id=None, expires_at=None
     )
+    for _, tenant_id, key in held:
+        waiting.Line.for_slots(tenant_id, key).wake_oldest(
+            now, besides=occurrence_id, unless_due_within=timedelta(0)
+        )
 
 
 def _rejected(verb: str, occurrence_id: uuid.UUID, token: int) -> errors.StaleWrite:
@@ -125,7 +141,7 @@ def complete(
         Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
             outcome=AttemptOutcome.SUCCEEDED, finished_at=now, result=result
         )
-        _release_slot(occ_id, token)
+        _release_slot(occ_id, token, now)
 
 
 def fail(
@@ -158,7 +174,7 @@ def fail(
             finished_at=now,
             error=error,
         )
-        _release_slot(occ_id, token)
+        _release_slot(occ_id, token, now)
         if retry_at is not None:
             republish(Occurrence.objects.get(pk=occ_id), retry_at)
     observe.worker_event("retries" if retry_at else "dead")
@@ -217,7 +233,7 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
                 finished_at=now,
                 error=error,
             )
-            _release_slot(occ_id, token)
+            _release_slot(occ_id, token, now)
             if dead:
                 limits.record_outcome(schedule, dead=True, occurrence_id=occ_id, now=now)
             else:

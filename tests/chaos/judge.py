@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery_scheduler.core import ids, timemath
+from tests.chaos import waiting
 from tests.chaos.effects import Effect
 from tests.chaos.fate import is_poisoned
+from tests.chaos.waiting import cap_key
 
 MUST, MAY = "MUST", "MAY"
 #: Calls that make a new version (and so invalidate the unclaimed work of the old one).
@@ -59,6 +62,8 @@ class JudgeConfig:
     #: Schedules whose max_lateness is below this may legitimately misfire after a fault.
     late_safe: float = 120.0
     default_max_lateness: float = 300.0
+    #: The deferral interval of the README's waiting bound (django_app.worker.claim.DEFER).
+    deferral: float = 1.0
 
 
 @dataclass
@@ -224,31 +229,18 @@ class Lags:
         return max([self.floor if floor is None else floor, *(1.5 * lag + 5 for lag in seen)])
 
 
-def cap_key(s: Sched) -> str | None:
-    c = s.create
-    if not c.get("concurrency_limit"):
-        return None
-    group = c.get("concurrency_group")
-    return f"group {s.tenant}/{group}" if group else f"cap of {s.key}"
-
-
-def slot_waits(scheds: dict[str, Sched]) -> dict[str, float]:
-    """How long a capped schedule's run may wait for a slot: its group's longest bodies."""
-    longest: dict[str, float] = defaultdict(float)
-    for s in scheds.values():
-        key = cap_key(s)
-        if key is not None:
-            body = max(float(s.create.get("long") or 0), float(s.create.get("duration") or 0))
-            longest[key] = max(longest[key], body)
-    return {
-        sid: 2 * longest[key] + 10 for sid, s in scheds.items() if (key := cap_key(s)) is not None
-    }
-
-
 def classify(
-    s: Sched, cfg: JudgeConfig, end: datetime, lags: Lags, slot_wait: float = 0.0
+    s: Sched,
+    cfg: JudgeConfig,
+    end: datetime,
+    lags: Lags,
+    slot_wait: Callable[[datetime], float] | None = None,
 ) -> dict[datetime, str]:
-    """MUST / MAY for every fire time the schedule may run; absent keys: never."""
+    """MUST / MAY for every fire time the schedule may run; absent keys: never.
+
+    ``slot_wait(t)``: how long the run of ``t`` may wait for a slot (the waiting bound):
+    it is MUST only if that wait ends inside the judged window.
+    """
     out: dict[datetime, str] = {}
 
     def mark(t: datetime, status: str) -> None:
@@ -275,7 +267,8 @@ def classify(
             must = (
                 not maybe_only
                 and t >= cfg.judge_from
-                and t + timedelta(seconds=max_window + slot_wait) <= cfg.judge_to
+                and t + timedelta(seconds=max_window + (slot_wait(t) if slot_wait else 0))
+                <= cfg.judge_to
                 and not (s.create.get("poison") and is_poisoned(s.schedule_id, t))
             )
             mark(t, MUST if must else MAY)
@@ -355,8 +348,19 @@ def judge(
     # A system lagging at the end cannot be asked to have run what it was still catching up on.
     tail = lags.around(end, before=20, after=0, floor=0)
     cfg = replace(cfg, judge_to=min(cfg.judge_to, end - timedelta(seconds=tail)))
-    waits = slot_waits(scheds)
-    classes = {sid: classify(s, cfg, end, lags, waits.get(sid, 0.0)) for sid, s in scheds.items()}
+    # Capped runs: MUST only if the README's waiting bound ends in the window (two passes:
+    # the bound counts the line's planned times ahead, which the first pass gives).
+    planned = {sid: classify(s, cfg, end, lags) for sid, s in scheds.items()}
+    bounds = waiting.WaitingBound(
+        scheds, planned, effects, deferral=cfg.deferral, lag=lags.around,
+        faults=waiting.fault_spans(history), lease=cfg.occurrence_lease,
+    )  # fmt: skip
+    classes = {
+        sid: classify(s, cfg, end, lags, partial(_bound_seconds, bounds, sid))
+        if bounds.capped(sid)
+        else planned[sid]
+        for sid, s in scheds.items()
+    }
     manual = {
         r["occurrence_id"]: r
         for r in history
@@ -535,6 +539,24 @@ def judge(
                      *describe(s)])  # fmt: skip
         by_time[(sid, t)] = []  # one report per fire time
 
+    # -- every capped run got its slot within the waiting bound ----------------------------
+    for e in effects:
+        s = scheds.get(e.schedule_id)
+        if s is None or not bounds.capped(e.schedule_id) or e.occurrence_id in manual:
+            continue
+        if e.version not in s.versions:
+            continue
+        available = ids.available_at(e.occurrence_id, e.scheduled_for, s.versions[e.version][0])
+        bound = bounds.of(e.schedule_id, e.scheduled_for)
+        waited = (e.started_at - available).total_seconds()
+        if waited > bound.seconds:
+            verdict.add(
+                "slow_wait",
+                f"{s.key}: {_fmt(e.scheduled_for)} waited {waited:.1f} s for a slot of its"
+                f" {cap_key(s)}: {bound.explain()}",
+                [e.brief(), *describe(s)],
+            )
+
     # -- caps, overlap, tenant max_running -------------------------------------------------
     limits: dict[str, int] = {}
     members: dict[str, list[Effect]] = defaultdict(list)
@@ -641,6 +663,10 @@ def observed_lags(
         available = ids.available_at(e.occurrence_id, e.scheduled_for, s.versions[e.version][0])
         points.append((e.delivered_at, max(0.0, (e.delivered_at - available).total_seconds())))
     return Lags(points, floor)
+
+
+def _bound_seconds(bounds: waiting.WaitingBound, sid: str, t: datetime) -> float:
+    return bounds.of(sid, t).seconds
 
 
 def sid_of(rec: dict[str, Any]) -> str:

@@ -177,3 +177,21 @@ def test_a_started_run_that_never_finished_is_abandoned_unless_invalidated_after
     later = [*history, call("update", 60, 2, "ACTIVE", change="rename")]
     effects = [e for e in effects if e.scheduled_for < at(60)] + every(60, 300, version=2)
     assert kinds(judge(later, effects, CFG, end=END, attempts=[started])) == {}
+
+
+def test_a_capped_run_passed_by_later_waiters_breaks_the_waiting_bound() -> None:
+    other = str(uuid.UUID(int=8))
+    group = {"concurrency_limit": 1, "concurrency_group": "reports", "duration": 3}
+    history = [
+        create(**group),
+        create(**group, key="s001", schedule_id=other, timing={"interval": 10, "start_at": at(5)}),
+    ]
+    served = every(0, 300, run=3) + [effect(t, sid=other, run=3) for t in range(5, 300, 10)]
+    assert kinds(verdict(history, served)) == {}
+    # s001's 12:00:05 waits a minute while s000 keeps the slot: (0 ahead + 1) x 3 s + 1 s
+    # (+ 20 s of lag allowance) is far less.
+    starved = [e for e in served if not (e.schedule_id == other and e.scheduled_for == at(5))]
+    starved.append(effect(5, sid=other, delay=58.3, run=1.5))  # in a free gap: no overlap
+    v = verdict(history, starved)
+    assert kinds(v) == {"slow_wait": 1}
+    assert "(0 ahead + 1) x 3.0 s + 1 s" in v.violations[0].what

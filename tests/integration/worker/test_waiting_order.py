@@ -1,0 +1,161 @@
+"""Waiters for a slot are served oldest ``scheduled_for`` first, and only the head polls.
+
+Each line: a group's slots, a schedule's own cap, a tenant's ``max_running``. Time is a
+FrozenClock; the same promise with real worker processes is in
+tests/acceptance/test_waiting_workers.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.core.enums import OccurrenceState as S
+from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.worker import claim, finish, waiting
+from django_app.worker.claim import ClaimOutcome
+from tests.integration.worker_support import make_occurrence, make_schedule
+
+LEASE = timedelta(seconds=30)
+pytestmark = pytest.mark.django_db
+
+
+def claim_as(occ: Any, clock: FrozenClock, who: str = "w") -> claim.ClaimResult:
+    return claim.claim(occ.id, worker=who, clock=clock, lease=LEASE)
+
+
+def group_pair(tenant: Any) -> tuple[Schedule, Schedule]:
+    kw = {"concurrency_limit": 1, "concurrency_group": "reports"}
+    return make_schedule(tenant, **kw), make_schedule(tenant, **kw)
+
+
+def own_cap_pair(tenant: Any) -> tuple[Schedule, Schedule]:
+    one = make_schedule(tenant, concurrency_limit=1)
+    return one, one
+
+
+def tenant_pair(tenant_factory: Callable[..., Any]) -> tuple[Schedule, Schedule]:
+    capped = tenant_factory("capped", max_running=1)
+    return make_schedule(capped), make_schedule(capped)
+
+
+LINES = {
+    "group": lambda tenant, factory: group_pair(tenant),
+    "own cap": lambda tenant, factory: own_cap_pair(tenant),
+    "tenant max_running": lambda tenant, factory: tenant_pair(factory),
+}
+
+
+@pytest.mark.parametrize("line", list(LINES))
+def test_a_freed_slot_goes_to_the_oldest_waiter_not_to_a_later_arrival(
+    line: str, tenant: Any, tenant_factory: Callable[..., Any], frozen_clock: FrozenClock
+) -> None:
+    a, b = LINES[line](tenant, tenant_factory)
+    t0 = frozen_clock.now()
+    holder = make_occurrence(a, t0 - timedelta(seconds=10))
+    older = make_occurrence(a, t0)
+    later = make_occurrence(b, t0 + timedelta(seconds=1))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    assert claim_as(older, frozen_clock).outcome is ClaimOutcome.DEFERRED  # it waits
+    finish.complete(holder.id, token, clock=frozen_clock)
+
+    # The slot is free, but an older occurrence waits for it: the later one must not pass.
+    passed = claim_as(later, frozen_clock)
+    assert passed.outcome is ClaimOutcome.DEFERRED, passed
+    assert claim_as(older, frozen_clock).claimed
+    states = dict(Occurrence.objects.values_list("pk", "state"))
+    assert (states[older.pk], states[later.pk]) == (S.RUNNING, S.ENQUEUED)
+
+
+def test_waiters_start_in_scheduled_order_whatever_order_they_are_delivered_in(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    a, b = group_pair(tenant)
+    t0 = frozen_clock.now()
+    holder = make_occurrence(a, t0 - timedelta(seconds=10))
+    waiters = [make_occurrence((a, b)[i % 2], t0 + timedelta(seconds=i)) for i in range(6)]
+    token = claim_as(holder, frozen_clock).fencing_token
+    for occ in waiters:
+        assert claim_as(occ, frozen_clock).outcome is ClaimOutcome.DEFERRED
+    started = []
+    running = (holder, token)
+    for _ in waiters:
+        frozen_clock.advance(2)
+        assert running[1] is not None
+        finish.complete(running[0].id, running[1], clock=frozen_clock)
+        # Every waiter is delivered again, newest first: only the oldest may start.
+        results = {occ.pk: claim_as(occ, frozen_clock) for occ in reversed(waiters)}
+        claimed = [occ for occ in waiters if results[occ.pk].claimed]
+        assert len(claimed) == 1, results
+        started.append(claimed[0])
+        running = (claimed[0], results[claimed[0].pk].fencing_token)
+        waiters = [occ for occ in waiters if occ is not claimed[0]]
+    assert [o.scheduled_for for o in started] == sorted(o.scheduled_for for o in started)
+
+
+@pytest.mark.parametrize("line", list(LINES))
+def test_only_the_head_polls_and_a_taken_slot_wakes_the_next_waiter(
+    line: str, tenant: Any, tenant_factory: Callable[..., Any], frozen_clock: FrozenClock
+) -> None:
+    a, b = LINES[line](tenant, tenant_factory)
+    t0 = frozen_clock.now()
+    holder, head, second, third = (
+        make_occurrence((a, b)[i % 2], t0 + timedelta(seconds=i)) for i in range(4)
+    )
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
+    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
+    assert claim_as(third, frozen_clock).retry_at == t0 + waiting.PARK
+
+    finish.complete(holder.id, token, clock=frozen_clock)
+    assert claim_as(head, frozen_clock).claimed
+    # The next waiter is due now (it polls while the head runs); the third stays parked.
+    due = dict(OutboxEntry.objects.values_list("occurrence_id", "available_at"))
+    assert (due[second.pk], due[third.pk]) == (t0, t0 + waiting.PARK)
+
+
+def test_a_head_invalidated_while_waiting_does_not_leave_the_line_parked(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    a, b = group_pair(tenant)
+    t0 = frozen_clock.now()
+    holder, head, second = (make_occurrence(a, t0 + timedelta(seconds=i)) for i in range(3))
+    newcomer = make_occurrence(b, t0 + timedelta(seconds=5))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    claim_as(head, frozen_clock)
+    claim_as(second, frozen_clock)
+    Occurrence.objects.filter(pk=head.pk).update(state=S.CANCELED)  # as a pause does
+    finish.complete(holder.id, token, clock=frozen_clock)
+
+    # The next claim of the line finds the parked waiter ahead and makes it due now.
+    assert claim_as(newcomer, frozen_clock).outcome is ClaimOutcome.DEFERRED
+    row = OutboxEntry.objects.get(occurrence=second)
+    assert (row.sent_at, row.available_at) == (None, t0)
+    assert claim_as(second, frozen_clock).claimed
+
+
+def test_a_head_whose_message_was_lost_is_published_again(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    a, b = group_pair(tenant)
+    t0 = frozen_clock.now()
+    holder, head = make_occurrence(a, t0), make_occurrence(a, t0 + timedelta(seconds=1))
+    newcomer = make_occurrence(b, t0 + timedelta(seconds=2))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    claim_as(head, frozen_clock)
+    # The relay published the head's next ask, and the broker lost it.
+    OutboxEntry.objects.filter(occurrence=head).update(sent_at=t0 + claim.DEFER)
+    frozen_clock.advance(claim.DEFER.total_seconds() + waiting.LOST_AFTER.total_seconds() + 1)
+    finish.complete(holder.id, token, clock=frozen_clock)
+
+    assert claim_as(newcomer, frozen_clock).outcome is ClaimOutcome.DEFERRED
+    row = OutboxEntry.objects.get(occurrence=head)
+    assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
