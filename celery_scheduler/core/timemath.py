@@ -43,12 +43,16 @@ from celery_scheduler.core.enums import DstFold, DstGap
 
 __all__ = [
     "CronTrigger",
+    "DstFold",
+    "DstGap",
     "IntervalTrigger",
     "OneOffTrigger",
     "PreviewRow",
     "Trigger",
     "check_instant",
     "describe_cron",
+    "describe_dst",
+    "dst_policy",
     "fire_times",
     "parse_interval",
     "parse_timezone",
@@ -353,6 +357,36 @@ def _policy(enum: type[DstGap] | type[DstFold], value: object, name: str) -> Any
         ) from None
 
 
+def dst_policy(
+    dst_gap: object = None, dst_fold: object = None, *, cron: bool
+) -> tuple[DstGap, DstFold]:
+    """The DST policy given (None: the default), checked; ``cron=False`` allows only defaults.
+
+    An interval counts elapsed time and a one-off is one instant: neither reads a wall clock,
+    so none of their times is missing or repeated, and a policy given for them would silently
+    do nothing. It is refused instead, naming the field.
+    """
+    gap = DstGap.SKIP if dst_gap is None or dst_gap == "" else _policy(DstGap, dst_gap, "dst_gap")
+    fold = (
+        DstFold.FIRST
+        if dst_fold is None or dst_fold == ""
+        else _policy(DstFold, dst_fold, "dst_fold")
+    )
+    if not cron:
+        for name, value, default in (
+            ("dst_gap", gap, DstGap.SKIP),
+            ("dst_fold", fold, DstFold.FIRST),
+        ):
+            if value is not default:
+                raise errors.InvalidPolicy(
+                    f"{name} applies to cron schedules only: an interval counts elapsed time "
+                    f"and a one-off is one instant, so none of their times is missing or "
+                    f"repeated; leave {name} at {default.value}",
+                    field=name,
+                )
+    return gap, fold
+
+
 @dataclass(frozen=True)
 class _Wall:
     """What one matching naive wall time fires under a trigger's DST policy.
@@ -410,6 +444,15 @@ class CronTrigger:
         object.__setattr__(self, "dst_fold", _policy(DstFold, self.dst_fold, "dst_fold"))
 
     def _search(self, at: datetime, *, inclusive: bool) -> datetime | None:
+        if inclusive:
+            # The end of a gap is the instant of wall times before wall(at) (SHIFT): asking
+            # for the first fire time after the instant just before ``at`` finds it.
+            try:
+                at -= timedelta(microseconds=1)
+            except OverflowError:
+                pass
+            else:
+                inclusive = False
         local = at.astimezone(self._zone)
         wall = local.replace(tzinfo=None, fold=0)
         if self.dst_fold is not DstFold.FIRST and local.fold == 0:
@@ -604,6 +647,18 @@ def describe_cron(expression: str) -> str:
     options = cron_descriptor.Options()
     options.use_24hour_time_format = True
     return str(cron_descriptor.ExpressionDescriptor(text, options).get_description())
+
+
+def describe_dst(trigger: CronTrigger) -> str:
+    """A cron's non-default DST policy in words, as "; DST: ..." ("" for the defaults)."""
+    parts = []
+    if trigger.dst_gap is DstGap.SHIFT:
+        parts.append("a missing wall time runs at the end of the gap (dst_gap=SHIFT)")
+    if trigger.dst_fold is DstFold.SECOND:
+        parts.append("a repeated wall time runs at its second instant (dst_fold=SECOND)")
+    elif trigger.dst_fold is DstFold.BOTH:
+        parts.append("a repeated wall time runs twice (dst_fold=BOTH)")
+    return f"; DST: {', '.join(parts)}" if parts else ""
 
 
 # --- preview --------------------------------------------------------------------------------
