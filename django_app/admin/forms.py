@@ -165,6 +165,8 @@ class ScheduleForm(forms.ModelForm):
         if not self.instance._state.adding:
             self.fields["loaded_version"].initial = self.instance.version
         for name, default in (("dst_gap", DstGap.SKIP), ("dst_fold", DstFold.FIRST)):
+            if name not in self.fields:  # read-only for a view-only user
+                continue
             # Absent from a POST (a script written before the field existed) means the
             # default, and is no change: a save without them makes no new version.
             self.fields[name].required = False
