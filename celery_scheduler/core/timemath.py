@@ -429,12 +429,15 @@ class CronTrigger:
     dst_fold: DstFold = DstFold.FIRST
     _spec: _CronSpec = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    _default: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_spec", _compile_cron(self.expression))
         object.__setattr__(self, "_zone", parse_timezone(self.timezone))
         object.__setattr__(self, "dst_gap", _policy(DstGap, self.dst_gap, "dst_gap"))
         object.__setattr__(self, "dst_fold", _policy(DstFold, self.dst_fold, "dst_fold"))
+        default = self.dst_gap is DstGap.SKIP and self.dst_fold is DstFold.FIRST
+        object.__setattr__(self, "_default", default)
 
     def _search(self, at: datetime, *, inclusive: bool) -> datetime | None:
         if inclusive:
@@ -448,6 +451,8 @@ class CronTrigger:
                 inclusive = False
         local = at.astimezone(self._zone)
         wall = local.replace(tzinfo=None, fold=0)
+        if self._default:
+            return self._search_default(at, wall, inclusive=inclusive)
         if self.dst_fold is not DstFold.FIRST and local.fold == 0:
             # ``at`` may be in the first pass of a repeated hour: the second instants of the
             # repeated wall times before it are still ahead, so the walk starts that much
@@ -471,6 +476,23 @@ class CronTrigger:
                 return best
             candidate = self._spec.next_wall(candidate + timedelta(minutes=1))
         return best
+
+    def _search_default(self, at: datetime, wall: datetime, *, inclusive: bool) -> datetime | None:
+        """SKIP and FIRST (nearly every schedule): each wall time has at most one instant and
+        they grow with it, so the first one past ``at`` is the answer. The general walk gives
+        the same (the policy test checks both), at ~1-2 us more per call on the hot path."""
+        candidate = self._spec.next_wall(wall)
+        while candidate is not None:
+            try:
+                instant = candidate.replace(tzinfo=self._zone, fold=0).astimezone(UTC)
+                exists = instant.astimezone(self._zone).replace(tzinfo=None) == candidate
+            except OverflowError:  # the edge of datetime's range
+                return None
+            if exists and (instant >= at if inclusive else instant > at):
+                return instant
+            # Only gaps and the second pass of a fall-back get here: a few iterations.
+            candidate = self._spec.next_wall(candidate + timedelta(minutes=1))
+        return None
 
     def _resolve(self, wall: datetime) -> _Wall:
         """The instants the naive wall time ``wall`` fires under this trigger's policy."""
