@@ -127,6 +127,8 @@ def preview(
     *,
     cron: str | None = None,
     timezone: str = "UTC",
+    dst_gap: str = "SKIP",
+    dst_fold: str = "FIRST",
     interval: Seconds | None = None,
     run_at: datetime | None = None,
     start: datetime | None = None,
@@ -135,7 +137,9 @@ def preview(
 ) -> list[timemath.PreviewRow]:
     """The next ``count`` fire times (UTC and local, DST notes) without creating anything.
 
-    Pure: needs no database. Raises the same validation errors as ``create_schedule``.
+    Pure: needs no database. Raises the same validation errors as ``create_schedule``;
+    ``dst_gap`` and ``dst_fold`` are the cron's DST policy (the row of a shifted or doubled
+    run says which policy made it).
     """
     start = timemath.check_instant(start or (clock or SYSTEM_CLOCK).now(), "start")
     trigger: timemath.Trigger
@@ -150,9 +154,12 @@ def preview(
             "give exactly one of cron, interval or run_at",
             field=given[1] if len(given) > 1 else "cron",
         )
+    gap, fold = timemath.dst_policy(dst_gap, dst_fold, cron=given == ["cron"])
     if given == ["cron"]:
         assert cron is not None
-        trigger = timemath.CronTrigger(expression=cron, timezone=timezone)
+        trigger = timemath.CronTrigger(
+            expression=cron, timezone=timezone, dst_gap=gap, dst_fold=fold
+        )
     elif given == ["interval"]:
         trigger = timemath.IntervalTrigger(every=timemath.parse_interval(interval), anchor=start)
     else:

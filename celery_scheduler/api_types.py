@@ -104,6 +104,8 @@ class ScheduleSummary:
     kind: str
     cron: str
     timezone: str
+    dst_gap: str = "SKIP"
+    dst_fold: str = "FIRST"
     interval_seconds: int | None
     run_at: datetime | None
     state: str
@@ -125,6 +127,8 @@ class VersionInfo:
     kind: str
     cron: str
     timezone: str
+    dst_gap: str = "SKIP"
+    dst_fold: str = "FIRST"
     interval_seconds: int | None
     run_at: datetime | None
     start_at: datetime | None

@@ -66,6 +66,8 @@ def create_schedule(
     tenant: Tenant | str | None = None,
     cron: str | None = None,
     timezone: str = "UTC",
+    dst_gap: str = "SKIP",
+    dst_fold: str = "FIRST",
     interval: Seconds | None = None,
     run_at: datetime | None = None,
     args: Sequence[Any] = (),
@@ -98,6 +100,11 @@ def create_schedule(
         task: A task name registered in the Celery app.
         tenant: Tenant or its slug; default: the ``default_tenant`` setting.
         cron: Five-field cron or a macro (``@hourly``...), read in ``timezone``.
+        dst_gap: A cron wall time the spring-forward gap removes: ``SKIP`` it (default) or
+            ``SHIFT`` it to the first instant after the gap (see docs/explanation/dst.md).
+        dst_fold: A cron wall time the fall-back repeats: run it at the ``FIRST`` instant
+            (default), the ``SECOND``, or ``BOTH``. Cron only: an interval or one-off
+            refuses anything but the defaults.
         interval: Fixed rate (seconds or timedelta) from ``start_at`` (default: now).
         run_at: One-off instant (aware datetime).
         misfire_policy: ``SKIP``, ``FIRE_ONCE`` or ``CATCH_UP`` (docs: "The contracts", "Misfire").
@@ -130,7 +137,8 @@ def create_schedule(
     return lifecycle.create_schedule(
         tenant=tenant, idempotency_key=idempotency_key, clock=clock,
         audited_by=audit.check(actor, reason),
-        name=name, task=task, cron=cron, timezone=timezone, interval=interval, run_at=run_at,
+        name=name, task=task, cron=cron, timezone=timezone, dst_gap=dst_gap,
+        dst_fold=dst_fold, interval=interval, run_at=run_at,
         args=args, kwargs=kwargs, queue=queue, priority=priority,
         misfire_policy=misfire_policy, max_lateness=max_lateness, catchup_cap=catchup_cap,
         overlap_policy=overlap_policy, flexible_window=flexible_window,

@@ -18,6 +18,8 @@ from django.utils.translation import gettext_lazy as _
 
 from celery_scheduler.core.enums import (
     AttemptOutcome,
+    DstFold,
+    DstGap,
     MisfirePolicy,
     OccurrenceState,
     OverlapPolicy,
@@ -121,6 +123,16 @@ class Schedule(models.Model):
     kind = models.CharField(max_length=16, choices=_choices(ScheduleKind))
     cron = models.CharField(max_length=200, blank=True, default="")
     timezone = models.CharField(max_length=64, default="UTC")
+    #: A cron's DST policy (celery_scheduler.core.timemath): a wall time the spring-forward
+    #: gap removes, one the fall-back repeats. Intervals and one-offs keep the defaults.
+    dst_gap = models.CharField(
+        max_length=8, choices=_choices(DstGap), default=DstGap.SKIP.value,
+        db_default=DstGap.SKIP.value,
+    )  # fmt: skip
+    dst_fold = models.CharField(
+        max_length=8, choices=_choices(DstFold), default=DstFold.FIRST.value,
+        db_default=DstFold.FIRST.value,
+    )  # fmt: skip
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
     start_at = models.DateTimeField(null=True, blank=True)
@@ -193,6 +205,10 @@ class Schedule(models.Model):
             ),
             check_constraint(
                 condition=_in_enum("overlap_policy", OverlapPolicy), name="schedule_overlap_valid"
+            ),
+            check_constraint(condition=_in_enum("dst_gap", DstGap), name="schedule_dst_gap_valid"),
+            check_constraint(
+                condition=_in_enum("dst_fold", DstFold), name="schedule_dst_fold_valid"
             ),
             check_constraint(
                 condition=(
@@ -273,6 +289,14 @@ class ScheduleVersion(models.Model):
     kind = models.CharField(max_length=16, choices=_choices(ScheduleKind))
     cron = models.CharField(max_length=200, blank=True, default="")
     timezone = models.CharField(max_length=64, default="UTC")
+    dst_gap = models.CharField(
+        max_length=8, choices=_choices(DstGap), default=DstGap.SKIP.value,
+        db_default=DstGap.SKIP.value,
+    )  # fmt: skip
+    dst_fold = models.CharField(
+        max_length=8, choices=_choices(DstFold), default=DstFold.FIRST.value,
+        db_default=DstFold.FIRST.value,
+    )  # fmt: skip
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
     start_at = models.DateTimeField(null=True, blank=True)

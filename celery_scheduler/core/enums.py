@@ -54,3 +54,18 @@ class AttemptOutcome(StrEnum):
     RETRY = "RETRY"  # transient failure: a new attempt follows
     LOST = "LOST"  # lease expired; a newer attempt took over
     STALE = "STALE"  # schedule version changed or occurrence canceled before the body ran
+
+
+class DstGap(StrEnum):
+    """What a cron does with a local wall time that does not exist (spring forward)."""
+
+    SKIP = "SKIP"  # no run for that wall time (the default, and the contract before 0018)
+    SHIFT = "SHIFT"  # one run at the first existing instant after the gap
+
+
+class DstFold(StrEnum):
+    """What a cron does with a local wall time that happens twice (fall back)."""
+
+    FIRST = "FIRST"  # one run, at the earlier instant (the default)
+    SECOND = "SECOND"  # one run, at the later instant
+    BOTH = "BOTH"  # two runs, one at each instant

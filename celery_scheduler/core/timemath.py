@@ -4,12 +4,17 @@ The DST contract is ours, whatever croniter would do:
 
 * Cron expressions are evaluated in the schedule's LOCAL wall time (naive local datetimes
   stepped field by field), then converted to UTC with ``zoneinfo``.
-* A local wall time that does not exist (spring-forward gap) is skipped.
-* A wall time that repeats (fall-back) fires once, at its first instant (``fold=0``).
-  For hourly or minutely expressions this means *each distinct wall time* fires once: with a
-  one-hour fall-back at 03:00 an hourly job fires at 02:00 (first pass) and next at 03:00,
-  so a 25-hour day has 24 runs and a 23-hour day has 23. Elapsed-time spacing is the job of
-  :class:`IntervalTrigger`.
+* A local wall time that does not exist (spring-forward gap) is skipped by default
+  (``dst_gap=SKIP``); with ``dst_gap=SHIFT`` it fires at the first existing instant after the
+  gap, once however many matching wall times the gap swallowed.
+* A wall time that repeats (fall-back) fires once, at its first instant (``fold=0``), by
+  default (``dst_fold=FIRST``); ``SECOND`` fires it once at its second instant (``fold=1``),
+  ``BOTH`` at each. With the default, for hourly or minutely expressions *each distinct wall
+  time* fires once: with a one-hour fall-back at 03:00 an hourly job fires at 02:00 (first
+  pass) and next at 03:00, so a 25-hour day has 24 runs and a 23-hour day has 23.
+  Elapsed-time spacing is the job of :class:`IntervalTrigger`.
+* Fire times are distinct instants in increasing order: a shifted run that lands on a
+  matching wall time's own instant (03:00 after a 02:00-03:00 gap) is one run.
 * A daily job keeps its wall-clock time across DST (the next time is never ``+24 h``).
 * Intervals are elapsed time from an anchor and ignore DST entirely.
 
@@ -30,18 +35,24 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from celery_scheduler import errors
+from celery_scheduler.core.enums import DstFold, DstGap
 
 __all__ = [
     "CronTrigger",
+    "DstFold",
+    "DstGap",
     "IntervalTrigger",
     "OneOffTrigger",
     "PreviewRow",
     "Trigger",
     "check_instant",
     "describe_cron",
+    "describe_dst",
+    "dst_policy",
     "fire_times",
     "parse_interval",
     "parse_timezone",
@@ -333,40 +344,182 @@ def _compile_cron_text(expression: str) -> _CronSpec:
 # --- triggers ---------------------------------------------------------------------------------
 
 
+def _policy(enum: type[DstGap] | type[DstFold], value: object, name: str) -> Any:
+    """``value`` as a member of ``enum`` (its name in any case), else InvalidPolicy on ``name``."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value.upper() if isinstance(value, str) else str(value))
+    except ValueError:
+        choices = ", ".join(m.value for m in enum)
+        raise errors.InvalidPolicy(
+            f"{name} {_short_repr(value)} is not one of {choices}", field=name
+        ) from None
+
+
+def dst_policy(
+    dst_gap: object = None, dst_fold: object = None, *, cron: bool
+) -> tuple[DstGap, DstFold]:
+    """The DST policy given (None: the default), checked; ``cron=False`` allows only defaults.
+
+    An interval counts elapsed time and a one-off is one instant: neither reads a wall clock,
+    so none of their times is missing or repeated, and a policy given for them would silently
+    do nothing. It is refused instead, naming the field.
+    """
+    gap = DstGap.SKIP if dst_gap is None or dst_gap == "" else _policy(DstGap, dst_gap, "dst_gap")
+    fold = (
+        DstFold.FIRST
+        if dst_fold is None or dst_fold == ""
+        else _policy(DstFold, dst_fold, "dst_fold")
+    )
+    if not cron:
+        for name, value, default in (
+            ("dst_gap", gap, DstGap.SKIP),
+            ("dst_fold", fold, DstFold.FIRST),
+        ):
+            if value is not default:
+                raise errors.InvalidPolicy(
+                    f"{name} applies to cron schedules only: an interval counts elapsed time "
+                    f"and a one-off is one instant, so none of their times is missing or "
+                    f"repeated; leave {name} at {default.value}",
+                    field=name,
+                )
+    return gap, fold
+
+
+#: What one matching naive wall time fires under a trigger's DST policy: (earliest,
+#: instants). ``earliest`` bounds every instant of this and of every later wall time from
+#: below: the instant of a time that exists once, the first of a repeated one, the end of the
+#: gap for a missing one. It grows with the wall time, which is what lets the search stop. A
+#: plain tuple: this is the materializer's hot path, and a frozen dataclass costs ~1 us more.
+_Wall = tuple[datetime, tuple[datetime, ...]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _gap_end(zone: ZoneInfo, wall: datetime) -> datetime:
+    """The first existing instant after the gap that contains the missing wall time ``wall``.
+
+    With fold=1 (the offset after the change) ``wall`` maps before the change, with fold=0
+    (the offset before it) at or after it: the change is in between, found to the second
+    (zone changes happen on whole seconds).
+    """
+    lo = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    hi = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+    second = timedelta(seconds=1)
+    while hi - lo > second:
+        mid = lo + ((hi - lo) // second // 2) * second
+        if mid.astimezone(zone).replace(tzinfo=None) > wall:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 @dataclass(frozen=True, kw_only=True)
 class CronTrigger:
-    """A five-field cron expression evaluated in the IANA zone ``timezone``."""
+    """A five-field cron expression evaluated in the IANA zone ``timezone``.
+
+    ``dst_gap`` and ``dst_fold`` choose what a wall time that does not exist (spring forward)
+    or exists twice (fall back) fires; the defaults keep the contract of the module docstring.
+    """
 
     expression: str
     timezone: str = "UTC"
+    dst_gap: DstGap = DstGap.SKIP
+    dst_fold: DstFold = DstFold.FIRST
     _spec: _CronSpec = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    _default: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_spec", _compile_cron(self.expression))
         object.__setattr__(self, "_zone", parse_timezone(self.timezone))
+        object.__setattr__(self, "dst_gap", _policy(DstGap, self.dst_gap, "dst_gap"))
+        object.__setattr__(self, "dst_fold", _policy(DstFold, self.dst_fold, "dst_fold"))
+        default = self.dst_gap is DstGap.SKIP and self.dst_fold is DstFold.FIRST
+        object.__setattr__(self, "_default", default)
 
     def _search(self, at: datetime, *, inclusive: bool) -> datetime | None:
-        wall = at.astimezone(self._zone).replace(tzinfo=None, fold=0)
+        if inclusive:
+            # The end of a gap is the instant of wall times before wall(at) (SHIFT): asking
+            # for the first fire time after the instant just before ``at`` finds it.
+            try:
+                at -= timedelta(microseconds=1)
+            except OverflowError:
+                pass
+            else:
+                inclusive = False
+        local = at.astimezone(self._zone)
+        wall = local.replace(tzinfo=None, fold=0)
+        if self._default:
+            return self._search_default(at, wall, inclusive=inclusive)
+        if self.dst_fold is not DstFold.FIRST and local.fold == 0:
+            # ``at`` may be in the first pass of a repeated hour: the second instants of the
+            # repeated wall times before it are still ahead, so the walk starts that much
+            # earlier (width 0 outside a repeated hour).
+            later = local.replace(fold=1).utcoffset()
+            width = (local.utcoffset() or timedelta(0)) - (later or timedelta(0))
+            if width > timedelta(0):
+                wall -= width
+        candidate = self._spec.next_wall(wall)
+        best: datetime | None = None
+        while candidate is not None:
+            earliest, instants = self._resolve(candidate)
+            for instant in instants:
+                if (instant >= at if inclusive else instant > at) and (
+                    best is None or instant < best
+                ):
+                    best = instant
+            # One instant per wall time grows with the wall time, so the first one found is
+            # the answer; with BOTH a second instant can follow a later wall time's first.
+            if best is not None and (self.dst_fold is not DstFold.BOTH or earliest >= best):
+                return best
+            candidate = self._spec.next_wall(candidate + timedelta(minutes=1))
+        return best
+
+    def _search_default(self, at: datetime, wall: datetime, *, inclusive: bool) -> datetime | None:
+        """SKIP and FIRST (nearly every schedule): each wall time has at most one instant and
+        they grow with it, so the first one past ``at`` is the answer. The general walk gives
+        the same (the policy test checks both), at ~1-2 us more per call on the hot path."""
         candidate = self._spec.next_wall(wall)
         while candidate is not None:
-            instant = self._instant(candidate)
-            if instant is not None and (instant >= at if inclusive else instant > at):
+            try:
+                instant = candidate.replace(tzinfo=self._zone, fold=0).astimezone(UTC)
+                exists = instant.astimezone(self._zone).replace(tzinfo=None) == candidate
+            except OverflowError:  # the edge of datetime's range
+                return None
+            if exists and (instant >= at if inclusive else instant > at):
                 return instant
             # Only gaps and the second pass of a fall-back get here: a few iterations.
             candidate = self._spec.next_wall(candidate + timedelta(minutes=1))
         return None
 
-    def _instant(self, wall: datetime) -> datetime | None:
-        """UTC instant of the first occurrence of a naive wall time, None if it does not exist."""
-        local = wall.replace(tzinfo=self._zone, fold=0)  # fold=0: the earlier repeated instant
+    def _resolve(self, wall: datetime) -> _Wall:
+        """The instants the naive wall time ``wall`` fires under this trigger's policy."""
         try:
-            utc = local.astimezone(UTC)
-            if utc.astimezone(self._zone).replace(tzinfo=None) != wall:
-                return None  # a spring-forward gap: the round trip lands elsewhere
+            first = wall.replace(tzinfo=self._zone, fold=0).astimezone(UTC)
+            if first.astimezone(self._zone).replace(tzinfo=None) != wall:
+                # A spring-forward gap: the round trip lands elsewhere.
+                end = _gap_end(self._zone, wall)
+                return end, ((end,) if self.dst_gap is DstGap.SHIFT else ())
+            if self.dst_fold is DstFold.FIRST:  # the hot path: no second conversion
+                return first, (first,)
+            second = wall.replace(tzinfo=self._zone, fold=1).astimezone(UTC)
         except OverflowError:  # the edge of datetime's range
-            return None
-        return utc
+            return MAX_INSTANT, ()
+        if second == first:
+            return first, (first,)
+        if self.dst_fold is DstFold.SECOND:
+            return first, (second,)
+        return first, (first, second)
+
+    def exists(self, wall: datetime) -> bool:
+        """Whether the naive local wall time ``wall`` exists in the zone (not in a gap)."""
+        try:
+            utc = wall.replace(tzinfo=self._zone, fold=0).astimezone(UTC)
+            return utc.astimezone(self._zone).replace(tzinfo=None) == wall
+        except OverflowError:
+            return False
 
     def next_after(self, after: datetime) -> datetime | None:
         return self._search(_require_aware(after, "after"), inclusive=False)
@@ -509,6 +662,18 @@ def describe_cron(expression: str) -> str:
     return str(cron_descriptor.ExpressionDescriptor(text, options).get_description())
 
 
+def describe_dst(trigger: CronTrigger) -> str:
+    """A cron's non-default DST policy in words, as "; DST: ..." ("" for the defaults)."""
+    parts = []
+    if trigger.dst_gap is DstGap.SHIFT:
+        parts.append("a missing wall time runs at the end of the gap (dst_gap=SHIFT)")
+    if trigger.dst_fold is DstFold.SECOND:
+        parts.append("a repeated wall time runs at its second instant (dst_fold=SECOND)")
+    elif trigger.dst_fold is DstFold.BOTH:
+        parts.append("a repeated wall time runs twice (dst_fold=BOTH)")
+    return f"; DST: {', '.join(parts)}" if parts else ""
+
+
 # --- preview --------------------------------------------------------------------------------
 
 
@@ -546,29 +711,61 @@ def _transition_note(zone: ZoneInfo, before: datetime, after: datetime) -> str:
     )
 
 
+def _span(walls: list[datetime]) -> str:
+    return f"{walls[0]:%H:%M}" + (f"-{walls[-1]:%H:%M}" if len(walls) > 1 else "")
+
+
+def _matching_walls(trigger: CronTrigger, lo: datetime, hi: datetime) -> list[datetime]:
+    """Matching naive wall times in [lo, hi), at most 120 (a note, not a listing)."""
+    found: list[datetime] = []
+    cursor = lo
+    for _ in range(120):
+        cand = trigger._spec.next_wall(cursor)
+        if cand is None or cand >= hi:
+            break
+        found.append(cand)
+        cursor = cand + timedelta(minutes=1)
+    return found
+
+
+def _fold_note(trigger: CronTrigger, local: datetime) -> str:
+    """The note of a run at a repeated wall time: which instant, and which policy chose it."""
+    wall = f"{local:%H:%M}"
+    if trigger.dst_fold is DstFold.FIRST:
+        return f"repeated wall time {wall} runs once (first instant)"
+    if trigger.dst_fold is DstFold.SECOND:
+        return f"repeated wall time {wall} runs once (second instant, dst_fold=SECOND)"
+    which = "second" if local.fold else "first"
+    return f"repeated wall time {wall} runs twice: the {which} run (dst_fold=BOTH)"
+
+
 def _row_note(trigger: Trigger, previous: datetime, instant: datetime) -> str:
     if not isinstance(trigger, CronTrigger):
         return ""
     zone = trigger.zone
     notes = [_transition_note(zone, previous, instant)]
-    wall = instant.astimezone(zone).replace(tzinfo=None)
+    local = instant.astimezone(zone)
+    wall = local.replace(tzinfo=None, fold=0)
+    before = (instant - timedelta(seconds=1)).astimezone(zone).replace(tzinfo=None, fold=0)
+    if trigger.dst_gap is DstGap.SHIFT and before + timedelta(seconds=1) < wall:
+        # ``instant`` ends a gap: the matching wall times inside it were moved here.
+        gap_start = before.replace(second=0) + timedelta(minutes=1)
+        moved = [w for w in _matching_walls(trigger, gap_start, wall) if not trigger.exists(w)]
+        if moved:
+            notes.append(
+                f"{_span(moved)} did not exist; runs at the end of the gap, {wall:%H:%M} "
+                "(dst_gap=SHIFT)"
+            )
     if wall.replace(tzinfo=zone, fold=1).utcoffset() != wall.replace(tzinfo=zone).utcoffset():
-        notes.append(f"repeated wall time {wall:%H:%M} runs once (first instant)")
-    elif notes[0] and "back" in notes[0]:
+        notes.append(_fold_note(trigger, local))
+    elif notes[0] and "back" in notes[0] and trigger.dst_fold is DstFold.FIRST:
         notes.append("after fall-back; repeated wall time runs once")
-    # Wall times between the two runs that matched but do not exist were skipped.
-    skipped = []
-    cursor = previous.astimezone(zone).replace(tzinfo=None, fold=0) + timedelta(minutes=1)
-    for _ in range(120):
-        cand = trigger._spec.next_wall(cursor)
-        if cand is None or cand >= wall:
-            break
-        if trigger._instant(cand) is None:
-            skipped.append(cand)
-        cursor = cand + timedelta(minutes=1)
-    if skipped:
-        span = f"{skipped[0]:%H:%M}" + (f"-{skipped[-1]:%H:%M}" if len(skipped) > 1 else "")
-        notes.append(f"{span} did not exist and was skipped")
+    if trigger.dst_gap is DstGap.SKIP:
+        # Wall times between the two runs that matched but do not exist were skipped.
+        start = previous.astimezone(zone).replace(tzinfo=None, fold=0) + timedelta(minutes=1)
+        skipped = [w for w in _matching_walls(trigger, start, wall) if not trigger.exists(w)]
+        if skipped:
+            notes.append(f"{_span(skipped)} did not exist and was skipped")
     return "; ".join(n for n in notes if n)
 
 

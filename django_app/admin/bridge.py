@@ -23,12 +23,14 @@ API_TO_FORM = {api: form for form, api in FORM_TO_API.items()} | {"expression": 
 #: Form fields that go to the API unchanged or renamed (kind and tenant are handled apart).
 API_FIELDS = (
     "name", "task", "args", "kwargs", "queue", "priority",
-    "cron", "timezone", "interval_seconds", "run_at", "start_at", "end_at",
+    "cron", "timezone", "dst_gap", "dst_fold", "interval_seconds", "run_at", "start_at",
+    "end_at",
     "misfire_policy", "max_lateness_seconds", "catchup_cap", "overlap_policy",
     "flexible_window_seconds", "concurrency_limit", "concurrency_group",
     "max_attempts", "deadline_seconds",
 )  # fmt: skip
 TRIGGER_FIELDS = ("cron", "interval_seconds", "run_at")
+DST_FIELDS = ("dst_gap", "dst_fold")
 
 
 def api_values(cleaned: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
@@ -50,6 +52,8 @@ def api_values(cleaned: dict[str, Any], only: set[str] | None = None) -> dict[st
         value = cleaned.get(name)
         if name in TRIGGER_FIELDS and name != active:
             value = None
+        elif name in DST_FIELDS and active != "cron":
+            value = None  # hidden for an interval or one-off: the API's default (none)
         elif name == "cron" and value is not None:
             value = value.strip() or None
         values[FORM_TO_API.get(name, name)] = value

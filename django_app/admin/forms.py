@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from celery_scheduler import errors
-from celery_scheduler.core.enums import ScheduleKind
+from celery_scheduler.core.enums import DstFold, DstGap, ScheduleKind
 from django_app.admin import bridge
 from django_app.admin.tenancy import sees_all_tenants, tenant_of
 from django_app.models import Schedule
@@ -29,6 +29,14 @@ HELP_TEXTS = {
         "<code>30 2 * * *</code> or <code>0 9 * * mon-fri</code>."
     ),
     "timezone": _("IANA zone the cron is read in, e.g. Europe/Berlin. Start typing to search."),
+    "dst_gap": _(
+        "A wall time the spring-forward change removes (02:30 on the night clocks jump from "
+        "02:00 to 03:00): Skip it, or Shift it to the first instant after the gap."
+    ),
+    "dst_fold": _(
+        "A wall time the fall-back change repeats (01:30 twice): run it at the First "
+        "instant, the Second, or Both. The preview marks the runs this changes."
+    ),
     "interval_seconds": _("Seconds between runs, counted from the start time (or creation)."),
     "run_at": _("The single time a one-off schedule fires."),
     "start_at": _("No run before this time (optional)."),
@@ -127,6 +135,8 @@ class ScheduleForm(forms.ModelForm):
         labels = {
             "cron": _("Cron expression"),
             "timezone": _("Time zone"),
+            "dst_gap": _("Missing wall time (DST gap)"),
+            "dst_fold": _("Repeated wall time (DST fold)"),
             "interval_seconds": _("Interval (seconds)"),
             "run_at": _("Run at"),
             "max_lateness_seconds": _("Max lateness (s)"),
@@ -154,6 +164,13 @@ class ScheduleForm(forms.ModelForm):
         self.fields["task"].choices = self._task_choices()  # type: ignore[attr-defined]
         if not self.instance._state.adding:
             self.fields["loaded_version"].initial = self.instance.version
+        for name, default in (("dst_gap", DstGap.SKIP), ("dst_fold", DstFold.FIRST)):
+            if name not in self.fields:  # read-only for a view-only user
+                continue
+            # Absent from a POST (a script written before the field existed) means the
+            # default, and is no change: a save without them makes no new version.
+            self.fields[name].required = False
+            self.fields[name].empty_value = default.value  # type: ignore[attr-defined]
         if "tenant" in self.fields:
             self.fields["tenant"].required = False
             self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]

@@ -228,6 +228,7 @@ class ScheduleAdmin(TenantScopedAdmin):
                         "kind",
                         "cron",
                         "timezone",
+                        ("dst_gap", "dst_fold"),
                         "interval_seconds",
                         "run_at",
                         ("start_at", "end_at"),

@@ -55,9 +55,11 @@ def _trigger(params: Mapping[str, str], now: datetime) -> timemath.Trigger:
     kind = params.get("kind") or ScheduleKind.CRON.value
     tz_name = (params.get("timezone") or "UTC").strip()
     if kind == ScheduleKind.CRON.value:
+        gap, fold = timemath.dst_policy(params.get("dst_gap"), params.get("dst_fold"), cron=True)
         return timemath.CronTrigger(
-            expression=" ".join(params.get("cron", "").split()), timezone=tz_name
-        )
+            expression=" ".join(params.get("cron", "").split()), timezone=tz_name,
+            dst_gap=gap, dst_fold=fold,
+        )  # fmt: skip
     default_zone = dj_timezone.get_current_timezone()
     if kind == ScheduleKind.INTERVAL.value:
         every = timemath.parse_interval(params.get("interval_seconds") or "", "interval_seconds")
@@ -99,6 +101,7 @@ def preview_payload(params: Mapping[str, str], *, now: datetime) -> tuple[dict[s
             description = timemath.describe_cron(trigger.expression)
             if trigger.timezone != "UTC":
                 description += f" ({trigger.timezone})"
+            description += timemath.describe_dst(trigger)
         elif isinstance(trigger, timemath.IntervalTrigger):
             description = f"Every {_duration(trigger.every)}, elapsed time (DST does not apply)"
         else:

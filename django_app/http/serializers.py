@@ -11,7 +11,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from celery_scheduler.core.enums import MisfirePolicy, OverlapPolicy, ScheduleState
+from celery_scheduler.core.enums import DstFold, DstGap, MisfirePolicy, OverlapPolicy, ScheduleState
 
 
 class AwareDateTimeField(serializers.DateTimeField):
@@ -67,6 +67,16 @@ class Strict(serializers.Serializer):
 class ScheduleFieldsMixin(Strict):
     cron = _text(help_text="Five-field cron or a macro, read in `timezone`.")
     timezone = _text()
+    dst_gap = serializers.ChoiceField(
+        choices=[m.value for m in DstGap], required=False,
+        help_text="Cron only: a wall time the spring-forward gap removes is SKIPped "
+        "(default) or SHIFTed to the first instant after the gap.",
+    )  # fmt: skip
+    dst_fold = serializers.ChoiceField(
+        choices=[m.value for m in DstFold], required=False,
+        help_text="Cron only: a wall time the fall-back repeats runs at its FIRST instant "
+        "(default), its SECOND, or BOTH.",
+    )  # fmt: skip
     interval = _int(help_text="Seconds between runs (fixed rate from start_at).")
     run_at = AwareDateTimeField(required=False, help_text="One-off instant.")
     args = serializers.JSONField(required=False, help_text="JSON list of task arguments.")
@@ -227,6 +237,8 @@ class ScheduleSummary(serializers.Serializer):
     kind = serializers.CharField()
     cron = serializers.CharField()
     timezone = serializers.CharField()
+    dst_gap = serializers.CharField(help_text="SKIP or SHIFT (cron DST policy).")
+    dst_fold = serializers.CharField(help_text="FIRST, SECOND or BOTH (cron DST policy).")
     interval_seconds = serializers.IntegerField(allow_null=True)
     run_at = serializers.DateTimeField(allow_null=True)
     state = serializers.CharField()

@@ -20,7 +20,14 @@ from django.db.models import Model, Q
 
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import Clock
-from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
+from celery_scheduler.core.enums import (
+    DstFold,
+    DstGap,
+    MisfirePolicy,
+    OccurrenceState,
+    ScheduleKind,
+    ScheduleState,
+)
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.core.reports import MaterializeReport
 from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
@@ -56,13 +63,17 @@ class _Rollback(SchedulerError):
 def trigger_for(schedule: Any, *, created_at: datetime | None = None) -> Trigger:
     """The trigger of a Schedule (or ScheduleVersion: anything with the timing fields).
 
-    CRON -> ``CronTrigger(cron, timezone)``; INTERVAL -> ``IntervalTrigger(every, anchor=
-    start_at or created_at)``; ONE_OFF -> ``OneOffTrigger(run_at)``. Pass ``created_at`` for
-    objects without one (a ScheduleVersion uses its schedule's).
+    CRON -> ``CronTrigger(cron, timezone, dst_gap, dst_fold)``; INTERVAL ->
+    ``IntervalTrigger(every, anchor=start_at or created_at)``; ONE_OFF ->
+    ``OneOffTrigger(run_at)``. Pass ``created_at`` for objects without one (a ScheduleVersion
+    uses its schedule's).
     """
     kind = ScheduleKind(schedule.kind)
     if kind is ScheduleKind.CRON:
-        return CronTrigger(expression=schedule.cron, timezone=schedule.timezone or "UTC")
+        return CronTrigger(
+            expression=schedule.cron, timezone=schedule.timezone or "UTC",
+            dst_gap=DstGap(schedule.dst_gap), dst_fold=DstFold(schedule.dst_fold),
+        )  # fmt: skip
     if kind is ScheduleKind.INTERVAL:
         anchor = schedule.start_at or created_at or schedule.created_at
         return IntervalTrigger(every=timedelta(seconds=schedule.interval_seconds), anchor=anchor)

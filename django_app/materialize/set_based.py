@@ -271,7 +271,8 @@ def _plan(
     # created_at only anchors an interval without start_at (single.trigger_for).
     anchor = schedule.created_at if schedule.kind == ScheduleKind.INTERVAL.value else None
     key = (
-        schedule.kind, schedule.cron, schedule.timezone, schedule.interval_seconds,
+        schedule.kind, schedule.cron, schedule.timezone, schedule.dst_gap, schedule.dst_fold,
+        schedule.interval_seconds,
         schedule.start_at, anchor, schedule.run_at, schedule.end_at,
         schedule.next_run_at, schedule.misfire_policy, schedule.max_lateness_seconds,
         schedule.catchup_cap,

@@ -79,6 +79,8 @@ class VersionWindow:
     kind: str
     cron: str
     timezone: str
+    dst_gap: str
+    dst_fold: str
     interval_seconds: int | None
     run_at: datetime | None
     start_at: datetime | None
@@ -178,6 +180,8 @@ def _window(v: ScheduleVersion, created_at: datetime) -> VersionWindow:
         kind=v.kind,
         cron=v.cron,
         timezone=v.timezone,
+        dst_gap=v.dst_gap,
+        dst_fold=v.dst_fold,
         interval_seconds=v.interval_seconds,
         run_at=v.run_at,
         start_at=v.start_at,

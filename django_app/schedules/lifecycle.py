@@ -23,7 +23,14 @@ from django.db import IntegrityError, connection, transaction
 from celery_scheduler import errors
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
-from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleKind, ScheduleState
+from celery_scheduler.core.enums import (
+    DstFold,
+    DstGap,
+    MisfirePolicy,
+    OccurrenceState,
+    ScheduleKind,
+    ScheduleState,
+)
 from celery_scheduler.core.states import UNCLAIMED
 from django_app import conf
 from django_app.db.retry import retry_lock_conflicts
@@ -288,7 +295,8 @@ def new_schedule_values(
     return values
 
 
-_VERSION_COLUMNS = ("kind", "cron", "timezone", "interval_seconds", "run_at", "start_at", "end_at")
+_VERSION_COLUMNS = ("kind", "cron", "timezone", "dst_gap", "dst_fold", "interval_seconds", "run_at",
+                    "start_at", "end_at")  # fmt: skip
 
 
 def first_version(schedule: Schedule, now: datetime) -> ScheduleVersion:
@@ -392,6 +400,8 @@ def update_schedule(
         timing = {"cron", "interval", "run_at"} & set(changes)
         if timing:  # a new trigger replaces the old one instead of adding to it
             current.update(cron=None, interval=None, run_at=None)
+        if timing - {"cron"}:  # an interval or one-off has no DST policy (validation)
+            current.update(dst_gap=None, dst_fold=None)
         merged = {**current, **changes}
         spec = validation.validate(now=now, **merged)
         trigger_changed = _timing_of(spec) != _timing_of(old_spec)
@@ -700,6 +710,8 @@ def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
         kind=ScheduleKind(schedule.kind),
         cron=schedule.cron,
         timezone=schedule.timezone,
+        dst_gap=DstGap(schedule.dst_gap),
+        dst_fold=DstFold(schedule.dst_fold),
         interval_seconds=schedule.interval_seconds,
         run_at=schedule.run_at,
         args=list(schedule.args or []),
@@ -721,8 +733,8 @@ def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
 
 
 def _timing_of(spec: validation.ScheduleSpec) -> tuple[Any, ...]:
-    return (spec.kind, spec.cron, spec.timezone, spec.interval_seconds, spec.run_at,
-            spec.start_at, spec.end_at)  # fmt: skip
+    return (spec.kind, spec.cron, spec.timezone, spec.dst_gap, spec.dst_fold,
+            spec.interval_seconds, spec.run_at, spec.start_at, spec.end_at)  # fmt: skip
 
 
 def _open_version(schedule: Schedule, valid_from: datetime) -> None:
@@ -731,6 +743,7 @@ def _open_version(schedule: Schedule, valid_from: datetime) -> None:
         version=schedule.version,
         defaults={
             "kind": schedule.kind, "cron": schedule.cron, "timezone": schedule.timezone,
+            "dst_gap": schedule.dst_gap, "dst_fold": schedule.dst_fold,
             "interval_seconds": schedule.interval_seconds, "run_at": schedule.run_at,
             "start_at": schedule.start_at, "end_at": schedule.end_at,
             "valid_from": valid_from, "valid_to": None,

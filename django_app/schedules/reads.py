@@ -111,6 +111,8 @@ def summary(schedule: Schedule, tags: Mapping[str, str] | None = None) -> Schedu
         kind=schedule.kind,
         cron=schedule.cron,
         timezone=schedule.timezone,
+        dst_gap=schedule.dst_gap,
+        dst_fold=schedule.dst_fold,
         interval_seconds=schedule.interval_seconds,
         run_at=schedule.run_at,
         state=schedule.state,
@@ -171,8 +173,9 @@ def _settings(schedule: Schedule) -> dict[str, Any]:
 def _version_info(v: ScheduleVersion) -> VersionInfo:
     return VersionInfo(
         version=v.version, kind=v.kind, cron=v.cron, timezone=v.timezone,
-        interval_seconds=v.interval_seconds, run_at=v.run_at, start_at=v.start_at,
-        end_at=v.end_at, valid_from=v.valid_from, valid_to=v.valid_to,
+        dst_gap=v.dst_gap, dst_fold=v.dst_fold, interval_seconds=v.interval_seconds,
+        run_at=v.run_at, start_at=v.start_at, end_at=v.end_at, valid_from=v.valid_from,
+        valid_to=v.valid_to,
     )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 
 from celery_scheduler import errors
 from celery_scheduler.core import timemath
-from celery_scheduler.core.enums import MisfirePolicy, OverlapPolicy, ScheduleKind
+from celery_scheduler.core.enums import DstFold, DstGap, MisfirePolicy, OverlapPolicy, ScheduleKind
 from django_app import conf
 
 MAX_INTERVAL = timemath.MAX_INTERVAL
@@ -52,6 +52,8 @@ class ScheduleSpec:
     kind: ScheduleKind
     cron: str = ""
     timezone: str = "UTC"
+    dst_gap: DstGap = DstGap.SKIP
+    dst_fold: DstFold = DstFold.FIRST
     interval_seconds: int | None = None
     run_at: datetime | None = None
     args: list[Any] = field(default_factory=list)
@@ -73,7 +75,10 @@ class ScheduleSpec:
     def trigger(self, *, anchor: datetime) -> timemath.Trigger:
         """The time rule of this spec; ``anchor`` starts an interval without a start_at."""
         if self.kind is ScheduleKind.CRON:
-            return timemath.CronTrigger(expression=self.cron, timezone=self.timezone)
+            return timemath.CronTrigger(
+                expression=self.cron, timezone=self.timezone, dst_gap=self.dst_gap,
+                dst_fold=self.dst_fold,
+            )  # fmt: skip
         if self.kind is ScheduleKind.INTERVAL:
             assert self.interval_seconds is not None
             return timemath.IntervalTrigger(
@@ -91,7 +96,15 @@ class ScheduleSpec:
 
     def content_hash(self) -> str:
         """Stable digest of the spec, to tell a replayed create from a conflicting one."""
-        payload = json.dumps(self._values(), sort_keys=True, default=str, separators=(",", ":"))
+        values = self._values()
+        # The DST policy joined the spec in migration 0018: left out at its defaults, the
+        # digest of every schedule created before stays what it was, so a replayed create
+        # with the same key and content is still a replay, not a conflict.
+        if values["dst_gap"] is DstGap.SKIP:
+            del values["dst_gap"]
+        if values["dst_fold"] is DstFold.FIRST:
+            del values["dst_fold"]
+        payload = json.dumps(values, sort_keys=True, default=str, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def model_fields(self, *, copy_arguments: bool = True) -> dict[str, Any]:
@@ -102,6 +115,8 @@ class ScheduleSpec:
             values["args"] = copy.deepcopy(self.args)
             values["kwargs"] = copy.deepcopy(self.kwargs)
         values["kind"] = self.kind.value
+        values["dst_gap"] = self.dst_gap.value
+        values["dst_fold"] = self.dst_fold.value
         values["misfire_policy"] = self.misfire_policy.value
         values["overlap_policy"] = self.overlap_policy.value
         return values
@@ -112,7 +127,8 @@ _SPEC_FIELDS = tuple(f.name for f in fields(ScheduleSpec))
 #: Keyword arguments of create_schedule/update_schedule that map onto a ScheduleSpec.
 INPUT_FIELDS = frozenset(
     {
-        "name", "task", "cron", "timezone", "interval", "run_at", "args", "kwargs", "queue",
+        "name", "task", "cron", "timezone", "dst_gap", "dst_fold", "interval", "run_at",
+        "args", "kwargs", "queue",
         "priority", "misfire_policy", "max_lateness", "catchup_cap", "overlap_policy",
         "flexible_window", "concurrency_limit", "concurrency_group", "max_attempts",
         "deadline", "start_at", "end_at",
@@ -127,6 +143,8 @@ def spec_to_input(spec: ScheduleSpec) -> dict[str, Any]:
         "task": spec.task,
         "cron": spec.cron or None,
         "timezone": spec.timezone,
+        "dst_gap": spec.dst_gap,
+        "dst_fold": spec.dst_fold,
         "interval": spec.interval_seconds,
         "run_at": spec.run_at,
         "args": spec.args,
@@ -169,6 +187,9 @@ def validate(
     name = checked_text(values.get("name"), "name", required=True, max_length=200)
     task = _task_name(values.get("task"), check_registry=settings.validate_task_names)
     kind, cron, tz_name, interval_seconds, run_at = _trigger_fields(values)
+    dst_gap, dst_fold = timemath.dst_policy(
+        values.get("dst_gap"), values.get("dst_fold"), cron=kind is ScheduleKind.CRON
+    )
     start_at = aware_datetime(values.get("start_at"), "start_at")
     end_at = aware_datetime(values.get("end_at"), "end_at")
     if start_at and end_at and end_at <= start_at:
@@ -206,6 +227,8 @@ def validate(
         kind=kind,
         cron=cron,
         timezone=tz_name,
+        dst_gap=dst_gap,
+        dst_fold=dst_fold,
         interval_seconds=interval_seconds,
         run_at=run_at,
         args=args,
@@ -248,13 +271,18 @@ def first_fire(spec: ScheduleSpec, *, anchor: datetime, at: datetime) -> datetim
     (expression, zone, at), so it is computed once per distinct triple.
     """
     if spec.kind is ScheduleKind.CRON:
-        return _first_cron_fire(spec.cron, spec.timezone, at)
+        return _first_cron_fire(spec.cron, spec.timezone, spec.dst_gap, spec.dst_fold, at)
     return spec.trigger(anchor=anchor).first_at_or_after(at)
 
 
 @functools.lru_cache(maxsize=4096)
-def _first_cron_fire(expression: str, timezone: str, at: datetime) -> datetime | None:
-    return timemath.CronTrigger(expression=expression, timezone=timezone).first_at_or_after(at)
+def _first_cron_fire(
+    expression: str, timezone: str, dst_gap: DstGap, dst_fold: DstFold, at: datetime
+) -> datetime | None:
+    trigger = timemath.CronTrigger(
+        expression=expression, timezone=timezone, dst_gap=dst_gap, dst_fold=dst_fold
+    )
+    return trigger.first_at_or_after(at)
 
 
 def _trigger_fields(

@@ -38,7 +38,10 @@ def parse_start(text: str | None, zone_name: str) -> datetime:
 
 
 #: The option each validation field comes from, so the message names what to fix.
-_OPTIONS = {"timezone": "--tz", "count": "--count", "cron": "expression"}
+_OPTIONS = {
+    "timezone": "--tz", "count": "--count", "cron": "expression", "dst_gap": "--dst-gap",
+    "dst_fold": "--dst-fold",
+}  # fmt: skip
 
 
 class Command(BaseCommand):
@@ -50,6 +53,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("expression", help='cron expression, e.g. "30 2 * * *" or @daily')
         parser.add_argument("--tz", default="UTC", help="IANA time zone (default: UTC)")
+        parser.add_argument(
+            "--dst-gap",
+            default="SKIP",
+            help="a wall time the spring-forward gap removes: SKIP (default) or SHIFT",
+        )
+        parser.add_argument(
+            "--dst-fold",
+            default="FIRST",
+            help="a wall time the fall-back repeats: FIRST (default), SECOND or BOTH",
+        )
         parser.add_argument(
             "--start",
             help="list runs strictly after this ISO 8601 instant (default: now; naive = --tz)",
@@ -66,31 +79,35 @@ class Command(BaseCommand):
         expression: str = options["expression"]
         zone_name: str = options["tz"]
         try:
-            trigger = timemath.CronTrigger(expression=expression, timezone=zone_name)
+            trigger = timemath.CronTrigger(
+                expression=expression, timezone=zone_name, dst_gap=options["dst_gap"],
+                dst_fold=options["dst_fold"],
+            )  # fmt: skip
             start = parse_start(options["start"], zone_name)
             rows = timemath.preview(trigger, start=start, count=options["count"])
-            description = timemath.describe_cron(expression)
+            description = timemath.describe_cron(expression) + timemath.describe_dst(trigger)
         except errors.ValidationError as exc:
             option = _OPTIONS.get(exc.field or "", exc.field or "expression")
             raise CommandError(f"{option}: {exc}") from exc
         except errors.SchedulerError as exc:
             raise CommandError(str(exc)) from exc
         if options["json"]:
-            self.stdout.write(self._as_json(expression, zone_name, description, start, rows))
+            self.stdout.write(self._as_json(trigger, description, start, rows))
         else:
             self._table(expression, zone_name, description, start, rows)
 
     @staticmethod
     def _as_json(
-        expression: str,
-        zone_name: str,
+        trigger: timemath.CronTrigger,
         description: str,
         start: datetime,
         rows: list[timemath.PreviewRow],
     ) -> str:
         payload = {
-            "expression": expression,
-            "timezone": zone_name,
+            "expression": trigger.expression,
+            "timezone": trigger.timezone,
+            "dst_gap": trigger.dst_gap.value,
+            "dst_fold": trigger.dst_fold.value,
             "description": description,
             "start": start.isoformat(),
             "runs": [

@@ -153,6 +153,7 @@ def _describe_text(d: ScheduleDescription) -> str:
     lines = [
         f"{s.name}  [{s.id}]",
         f"  tenant {s.tenant}, task {s.task}, {timing} ({s.timezone}), version {s.version}",
+        *([f"  DST: gap {s.dst_gap}, fold {s.dst_fold}"] if s.kind == "CRON" else []),
         f"  state {state}",
         f"  runs {c.runs}, succeeded {c.succeeded}, failures {c.failures}, dead {c.dead}, "
         f"missed {c.missed}, skipped by overlap {c.skipped_overlap}, skipped {c.skipped}",

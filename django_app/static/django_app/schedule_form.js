@@ -23,7 +23,7 @@ function csSchedulePreview() {
 
   function showKindFields() {
     const k = kind();
-    const show = { cron: k === "CRON", timezone: k === "CRON", interval_seconds: k === "INTERVAL", run_at: k === "ONE_OFF" };
+    const show = { cron: k === "CRON", timezone: k === "CRON", dst_gap: k === "CRON", dst_fold: k === "CRON", interval_seconds: k === "INTERVAL", run_at: k === "ONE_OFF" };
     for (const [name, visible] of Object.entries(show)) {
       const row = rowOf(name);
       if (row) row.hidden = !visible;
@@ -39,7 +39,7 @@ function csSchedulePreview() {
 
   // Errors go on the field they are about, as the server's do after a save; the panel only
   // carries what belongs to no field (a network failure, "no future run").
-  const FIELDS = ["cron", "timezone", "interval_seconds", "run_at", "start_at", "kind"];
+  const FIELDS = ["cron", "timezone", "dst_gap", "dst_fold", "interval_seconds", "run_at", "start_at", "kind"];
   function clearLiveErrors() {
     form.querySelectorAll(".cs-live-error").forEach((el) => el.remove());
   }
@@ -112,7 +112,7 @@ function csSchedulePreview() {
     timer = setTimeout(async () => {
       const mine = ++seq;
       const params = new URLSearchParams({ kind: kind(), from: from.value });
-      for (const name of ["cron", "timezone", "interval_seconds", "run_at", "start_at"]) params.set(name, value(name));
+      for (const name of ["cron", "timezone", "dst_gap", "dst_fold", "interval_seconds", "run_at", "start_at"]) params.set(name, value(name));
       panel.classList.add("cs-loading");
       try {
         const response = await fetch(panel.dataset.url + "?" + params, { credentials: "same-origin", headers: { Accept: "application/json" } });

@@ -141,9 +141,11 @@ def test_the_spec_digest_is_the_one_asdict_gave() -> None:
 
     spec = validation.validate(now=NOW, **{k: v for k, v in ITEMS[3].items()
                                            if k in validation.INPUT_FIELDS})  # fmt: skip
-    payload = json.dumps(
-        dataclasses.asdict(spec), sort_keys=True, default=str, separators=(",", ":")
-    )
+    values = dataclasses.asdict(spec)
+    # The DST policy (migration 0018) is left out at its defaults, so the digests of
+    # schedules stored before it hold too.
+    assert (values.pop("dst_gap"), values.pop("dst_fold")) == ("SKIP", "FIRST")
+    payload = json.dumps(values, sort_keys=True, default=str, separators=(",", ":"))
     assert spec.content_hash() == hashlib.sha256(payload.encode()).hexdigest()
 
 
