@@ -97,6 +97,7 @@ class CeleryPublisher:
             kwargs=message.task_kwargs(),
             task_id=message.task_id,
             shadow=message.task,  # logs, events and Flower name the user's task
+            retries=message.retries,
             headers=message.headers(),
             producer=producer,
             retry=True,

@@ -170,7 +170,7 @@ class TaskMessages:
             "expires": None,
             "group": None,
             "group_index": None,
-            "retries": 0,
+            "retries": message.retries,
             "timelimit": list(self._timelimit),
             "root_id": task_id,
             "parent_id": None,

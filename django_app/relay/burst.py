@@ -312,6 +312,8 @@ class BurstRelay:
                     queue,
                     prio,
                     tenant,
+                    attempts,
+                    manual,
                 ) in cur.fetchall():
                     messages.append(
                         OccurrenceMessage(
@@ -325,6 +327,8 @@ class BurstRelay:
                             kwargs=dict(decode_json(kwargs) or {}),
                             queue=queue or "",
                             priority=int(prio),
+                            retries=int(attempts),
+                            manual=bool(manual),
                         )
                     )
                     meta.append((outbox_id, sver))
