@@ -301,7 +301,7 @@ def test_a_scheduled_run_looks_like_apply_async_to_every_celery_tool(
                 name=f"tools {task}", task=task, args=args, kwargs=kwargs, run_at=run_at, **extra
             )
         for task, args, kwargs, _ in CASES:
-            ids[(task, "plain")] = client.tasks[task].apply_async(args, kwargs).id
+            ids[(task, "plain")] = client.tasks[task].apply_async(args, kwargs).id  # type: ignore[arg-type]
 
         def occurrences_known() -> bool:
             for task, schedule in schedules.items():

@@ -75,7 +75,7 @@ def soft_limited(seconds: float) -> str:
 # -- probes -----------------------------------------------------------------------------
 
 
-def _on(kind: str):  # type: ignore[no-untyped-def]
+def _on(kind: str) -> Any:
     def handler(sender: Any = None, **kw: Any) -> None:
         if not PROBE_DIR:
             return
