@@ -362,9 +362,14 @@ def test_a_scheduled_run_looks_like_apply_async_to_every_celery_tool(
     for task, *_ in CASES:
         plain = seen(ids[(task, "plain")])
         scheduled = seen(ids[(task, "scheduled")])
+        # Each tool recorded the plain run as that task (else equality proves nothing).
+        assert plain["result backend"]["name"] == task  # result_extended is on
+        assert plain["Flower"]["name"] == task
+        assert plain["Sentry"]["transaction"]["name"] == task
+        assert f"span run/{task}" in plain["OpenTelemetry"]
+        assert any(k.endswith(":task_prerun") for k in plain["signals"])
+        assert plain["worker log"]["lines"]
         for tool in plain:
-            # Each tool must have recorded something for both runs.
-            assert plain[tool], f"{tool} recorded nothing for the plain {task}"
             for field in differences(plain[tool], scheduled[tool]):
                 line = (
                     f"{task} | {tool} | {field} | plain: {_at(plain[tool], field)!r} "
