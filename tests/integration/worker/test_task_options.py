@@ -19,13 +19,15 @@ from typing import Any
 import pytest
 from celery import Celery, shared_task
 
-from celery_scheduler import current_occurrence, errors
+from celery_scheduler import api, current_occurrence, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.tasks import Origin, ScheduledRun
+from django_app.http import tokens
 from django_app.models import Occurrence, Schedule
 from django_app.schedules.backfill import BACKFILL_VERSION
 from django_app.tasks import execute, policy_for
 from django_app.worker import claim
+from tests.integration.http.http_support import HttpClient
 from tests.integration.worker_support import make_occurrence, make_schedule, message_kwargs
 
 pytestmark = pytest.mark.django_db
@@ -81,8 +83,6 @@ def test_retry_backoff_keeps_celerys_exponential_backoff_and_jitter() -> None:
 
 
 def test_a_task_with_expires_is_refused_at_create_time_naming_the_field() -> None:
-    from celery_scheduler import api
-
     before = Schedule.objects.count()
     with pytest.raises(errors.ValidationError) as caught:
         api.create_schedule(name="expiring", task="tests.options.expiring", interval=60)
@@ -122,8 +122,6 @@ def test_current_occurrence_describes_the_scheduled_run(
 
 
 def test_origin_run_now_backfill_and_replay(tenant: Any, frozen_clock: FrozenClock) -> None:
-    from celery_scheduler import api
-
     schedule = make_schedule(tenant, task="o.context")
     occ = make_occurrence(schedule, frozen_clock.now())
     run(occ, frozen_clock, manual=True)
@@ -145,3 +143,14 @@ def test_origin_run_now_backfill_and_replay(tenant: Any, frozen_clock: FrozenClo
     last = runs[-1]
     assert last is not None
     assert (last.origin, last.attempt) == (Origin.REPLAY, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_refuses_a_task_with_expires_with_a_400_naming_the_field(live_server: Any) -> None:
+    api.create_tenant("acme", name="Acme")
+    client = HttpClient(live_server.url, token=tokens.issue("acme", "ci").secret)
+    body = {"name": "expiring", "task": "tests.options.expiring", "interval": 60}
+    reply = client.post("schedules/", body)
+    assert (reply.status, reply.body["field"]) == (400, "task"), reply.body
+    assert "expires=60" in str(reply.body)
+    assert Schedule.objects.count() == 0
