@@ -12,12 +12,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from celery_scheduler.tasks import (
+        ScheduledRun,
         current_idempotency_key,
+        current_occurrence,
         current_occurrence_id,
         idempotent_task,
     )
 
-__all__ = ["current_idempotency_key", "current_occurrence_id", "idempotent_task"]
+__all__ = [
+    "ScheduledRun",
+    "current_idempotency_key",
+    "current_occurrence",
+    "current_occurrence_id",
+    "idempotent_task",
+]
 
 _LAZY = dict.fromkeys(__all__, "celery_scheduler.tasks")
 

@@ -35,12 +35,16 @@ This module imports no Django at import time: the ORM is reached inside the task
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from zoneinfo import ZoneInfo
 
 from celery_scheduler import errors, ports
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
@@ -55,6 +59,55 @@ _occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", d
 _idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
 _tenant_id: ContextVar[int | None] = ContextVar("scheduler_tenant_id", default=None)
 _fence: ContextVar[tuple[int, Clock] | None] = ContextVar("scheduler_fence", default=None)
+
+
+class Origin(enum.StrEnum):
+    """Why an occurrence runs: its trigger, a "run now", a backfill, or a dead-letter replay."""
+
+    SCHEDULED = "scheduled"
+    RUN_NOW = "run_now"
+    BACKFILL = "backfill"
+    REPLAY = "replay"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduledRun:
+    """What the body of a scheduled run can know about it (:func:`current_occurrence`).
+
+    ``scheduled_for`` is the instant the schedule fired for, in UTC: the same value for
+    every attempt and every redelivery of the run, so a key built from it is one key per
+    period. ``attempt`` counts from 1 (a replay starts its count again at 1).
+    """
+
+    occurrence_id: str
+    schedule_id: str
+    schedule_version: int
+    tenant: str
+    tenant_id: int | None
+    scheduled_for: datetime
+    timezone: str
+    attempt: int
+    origin: Origin
+
+    @property
+    def scheduled_for_local(self) -> datetime:
+        """``scheduled_for`` in the schedule's own zone (aware)."""
+        return self.scheduled_for.astimezone(ZoneInfo(self.timezone))
+
+    @property
+    def nominal(self) -> datetime:
+        """The wall-clock time the schedule named, in its zone, without a zone (naive)."""
+        return self.scheduled_for_local.replace(tzinfo=None)
+
+
+_run: ContextVar[ScheduledRun | None] = ContextVar("scheduler_run", default=None)
+
+
+def current_occurrence() -> ScheduledRun | None:
+    """The scheduled run the current task body is (None outside one: ``.delay()``, a
+    direct call)."""
+    return _run.get()
+
 
 MAX_KEY_LENGTH = 255
 
@@ -90,20 +143,24 @@ def occurrence_context(
     tenant_id: int | None = None,
     fencing_token: int | None = None,
     clock: Clock | None = None,
+    run: ScheduledRun | None = None,
 ) -> Iterator[None]:
     """Run the enclosed body as occurrence ``occurrence_id`` of tenant ``tenant_id``.
 
     Set by the wrapper task; ``tenant_id`` selects the idempotency namespace (None: the
     default namespace); ``fencing_token`` is the claim's, which ``@idempotent_task``
-    re-checks (lease measured on ``clock``, default the system clock) before it commits.
+    re-checks (lease measured on ``clock``, default the system clock) before it commits;
+    ``run`` is what :func:`current_occurrence` returns.
     """
     token = _occurrence_id.set(str(occurrence_id))
     tenant_token = _tenant_id.set(tenant_id)
     fence = None if fencing_token is None else (fencing_token, clock or SYSTEM_CLOCK)
     fence_token = _fence.set(fence)
+    run_token = _run.set(run)
     try:
         yield
     finally:
+        _run.reset(run_token)
         _fence.reset(fence_token)
         _tenant_id.reset(tenant_token)
         _occurrence_id.reset(token)

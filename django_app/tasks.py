@@ -18,22 +18,25 @@ import os
 import random
 import threading
 import traceback
-from datetime import timedelta
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 from django.db import DatabaseError, InterfaceError, connection
 
 from celery_scheduler import errors
 from celery_scheduler.core import retry
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
-from celery_scheduler.tasks import occurrence_context
+from celery_scheduler.publishers import HEADER_MANUAL
+from celery_scheduler.tasks import Origin, ScheduledRun, occurrence_context
 from django_app import conf
 from django_app.db.connections import reset_after_error
 from django_app.operations import observe
-from django_app.worker import claim, finish
+from django_app.schedules.backfill import BACKFILL_VERSION
+from django_app.worker import claim, finish, presentation
 from django_app.worker.idempotency import as_json
 
 logger = logging.getLogger("celery_scheduler.worker")
@@ -93,22 +96,44 @@ class Heartbeat(threading.Thread):
 
 
 def policy_for(target: Any, claimed: claim.ClaimResult) -> retry.RetryPolicy:
-    """Schedule fields win over task attributes, which win over the settings default."""
+    """Schedule fields win over task attributes, which win over the settings default.
+
+    A task with Celery's ``autoretry_for`` retries as Celery would retry it: up to
+    ``max_retries`` (or ``retry_kwargs["max_retries"]``) retries, after
+    ``default_retry_delay`` (or ``retry_kwargs["countdown"]``) seconds, or with
+    ``retry_backoff``/``retry_backoff_max``/``retry_jitter`` when it backs off.
+    """
+    autoretry = tuple(getattr(target, "autoretry_for", ()) or ())
+    retry_kwargs = dict(getattr(target, "retry_kwargs", None) or {})
+    celery_attempts = None
+    if autoretry:
+        max_retries = retry_kwargs.get("max_retries", getattr(target, "max_retries", None))
+        celery_attempts = None if max_retries is None else int(max_retries) + 1
     max_attempts = (
         claimed.max_attempts
         or getattr(target, "max_attempts", None)
+        or celery_attempts
         or conf.get().default_max_attempts
     )
     backoff = getattr(target, "retry_backoff", False)
-    base = float(backoff) if not isinstance(backoff, bool) and backoff else 1.0
-    cap = float(getattr(target, "retry_backoff_max", None) or 600)
+    jitter = True
+    if autoretry and not backoff:
+        # Celery's fixed countdown; RetryPolicy needs a positive base.
+        fixed = retry_kwargs.get("countdown", getattr(target, "default_retry_delay", None))
+        base = cap = max(float(fixed if fixed is not None else 180), 0.001)
+        jitter = False
+    else:
+        base = float(backoff) if not isinstance(backoff, bool) and backoff else 1.0
+        cap = float(getattr(target, "retry_backoff_max", None) or 600)
+        if autoretry:
+            jitter = bool(getattr(target, "retry_jitter", True))
     return retry.RetryPolicy(
         max_attempts=max_attempts,
         backoff_base=base,
         backoff_cap=max(cap, base),
         permanent_errors=tuple(getattr(target, "permanent_errors", ()) or ()),
-        transient_errors=tuple(getattr(target, "transient_errors", ()) or ())
-        + tuple(getattr(target, "autoretry_for", ()) or ()),
+        transient_errors=tuple(getattr(target, "transient_errors", ()) or ()) + autoretry,
+        jitter=jitter,
     )
 
 
@@ -151,8 +176,15 @@ def execute(
     worker_name: str,
     clock: Clock = SYSTEM_CLOCK,
     lease: timedelta | None = None,
+    body: Callable[[], Any] | None = None,
+    message: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Claim, run and settle one occurrence; returns what happened (for logs and tests)."""
+    """Claim, run and settle one occurrence; returns what happened (for logs and tests).
+
+    ``body`` runs the user's task (default: ``target(*args, **kwargs)``); the traced path
+    passes the task's own ``run``, under the request Celery's tracer already pushed.
+    ``message``: the wrapper's kwargs and headers, for :func:`current_occurrence`.
+    """
     lease = finish.lease_or_default(lease)
     claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
     if not claimed.claimed:
@@ -176,9 +208,10 @@ def execute(
     heartbeat.start()
     try:
         with occurrence_context(
-            occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock
-        ):
-            value = target(*args, **kwargs)
+            occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock,
+            run=scheduled_run(claimed, message),
+        ):  # fmt: skip
+            value = body() if body is not None else target(*args, **kwargs)
     except Exception as exc:
         heartbeat.stop()
         decision = retry.decide(
@@ -206,7 +239,7 @@ def execute(
         outcome = ("RETRY_WAIT" if retry_at else "DEAD") if ok else "STALE_WRITE"
         return {
             "outcome": outcome, "reason": decision.reason, "token": token,
-            "exception": exc, "retry_at": retry_at,
+            "exception": exc, "retry_at": retry_at, "delay": decision.delay,
         }  # fmt: skip
     finally:
         heartbeat.stop()
@@ -220,7 +253,37 @@ def execute(
     )
     if ok:
         _ran(claimed, clock)
-    return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
+    return {
+        "outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token,
+        "value": value,
+    }  # fmt: skip
+
+
+def scheduled_run(
+    claimed: claim.ClaimResult, message: Mapping[str, Any] | None
+) -> ScheduledRun | None:
+    """The body's view of its run: the claim's facts plus the message's (no query)."""
+    if message is None or not message.get("scheduled_for"):
+        return None
+    version = int(message.get("schedule_version") or 0)
+    attempt = claimed.attempts_in_run or 1
+    if (claimed.attempt_number or 1) > attempt:
+        origin = Origin.REPLAY  # attempts before the last dead-letter: a replayed run
+    elif message.get(HEADER_MANUAL):
+        origin = Origin.BACKFILL if version == BACKFILL_VERSION else Origin.RUN_NOW
+    else:
+        origin = Origin.SCHEDULED
+    return ScheduledRun(
+        occurrence_id=str(claimed.occurrence_id),
+        schedule_id=str(message.get("schedule_id") or ""),
+        schedule_version=version,
+        tenant=claimed.tenant,
+        tenant_id=claimed.tenant_id,
+        scheduled_for=datetime.fromisoformat(str(message["scheduled_for"])).astimezone(UTC),
+        timezone=claimed.timezone,
+        attempt=attempt,
+        origin=origin,
+    )
 
 
 def _lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock) -> bool:
@@ -253,12 +316,74 @@ def _jsonable(value: Any) -> Any:
         return {"repr": repr(value)[:1000]}
 
 
+class RunOccurrenceTask(presentation.OccurrenceTask):
+    """The wrapper's class: the worker traces each run as the user's task (see
+    :mod:`django_app.worker.presentation`), with this body around the user's ``run``."""
+
+    def run_scheduled(
+        self,
+        job: presentation.Job,
+        body: Callable[..., Any],
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        occurrence_id = str(job.wrapper_kwargs["occurrence_id"])
+        worker_name = f"{job.request.get('hostname') or 'worker'}/{os.getpid()}"
+        try:
+            outcome = execute(
+                self.app, occurrence_id, job.target.name, args, kwargs,
+                worker_name=worker_name, body=lambda: body(*args, **kwargs),
+                message={**job.request, **job.wrapper_kwargs},
+            )  # fmt: skip
+        except errors.CoordinationUnavailable as exc:
+            # Nothing was claimed: re-sending the wrapper message cannot double-run anything.
+            retries = int(job.request.get("retries") or 0)
+            countdown = min(60, 2 ** min(retries, 6))
+            logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
+            self._resend(job, countdown, retries + 1)
+            raise Retry(exc=exc, when=countdown) from exc
+        _log_outcome(occurrence_id, outcome)
+        failure = outcome.pop("exception", None)
+        if failure is not None:
+            report_failure(failure, outcome)
+        if outcome["outcome"] != "SUCCEEDED":
+            # Not run by this delivery (a duplicate, a deferral, a lapsed lease) or
+            # superseded (a stale write): the attempt that owns the run reports it.
+            raise Ignore()
+        return outcome["value"]
+
+    def _resend(self, job: presentation.Job, countdown: int, retries: int) -> None:
+        headers = {k: v for k, v in job.request.items() if k.startswith("scheduler_")}
+        routing_key = (job.request.get("delivery_info") or {}).get("routing_key")
+        self.app.send_task(
+            self.name, kwargs=job.wrapper_kwargs, task_id=job.request["id"],
+            countdown=countdown, shadow=job.target.name, headers=headers, retries=retries,
+            **({"queue": routing_key} if routing_key else {}),
+        )  # fmt: skip
+
+
+def _log_outcome(occurrence_id: str, outcome: dict[str, Any]) -> None:
+    logger.info(
+        "occurrence %s: %s",
+        occurrence_id,
+        outcome["outcome"],
+        extra={
+            "event": "occurrence_run",
+            "occurrence_id": occurrence_id,
+            "outcome": outcome["outcome"],
+        },
+    )
+
+
 # acks_late + reject_on_worker_lost: a worker that dies before (or while) running the
 # wrapper gives the message back to the broker instead of having acked it on receipt, so a
 # crash between receiving and claiming does not wait for the redelivery timeout. A copy that
 # arrives while the first is still running, or after it finished, is a duplicate at the claim.
+# ignore_result: only the wrapper's own tracer (a task that cannot be traced as itself, an
+# unknown task) runs this function; the traced path stores per the user's task.
 @shared_task(
     name="celery_scheduler.run_occurrence",
+    base=RunOccurrenceTask,
     bind=True,
     max_retries=None,
     ignore_result=True,
@@ -278,25 +403,22 @@ def run_occurrence(
     """Run one scheduled occurrence (see the module docstring)."""
     worker_name = f"{self.request.hostname or 'worker'}/{os.getpid()}"
     try:
+        message = {
+            "schedule_id": schedule_id, "schedule_version": schedule_version,
+            "scheduled_for": scheduled_for,
+            HEADER_MANUAL: getattr(self.request, HEADER_MANUAL, None),
+        }  # fmt: skip
         outcome = execute(
             self.app, occurrence_id, task, list(args or ()), dict(kwargs or {}),
-            worker_name=worker_name,
+            worker_name=worker_name, message=message,
         )  # fmt: skip
     except errors.CoordinationUnavailable as exc:
         # Nothing was claimed: re-sending this wrapper message cannot double-run anything.
         countdown = min(60, 2 ** min(self.request.retries, 6))
         logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
         raise self.retry(exc=exc, countdown=countdown) from exc
-    logger.info(
-        "occurrence %s: %s",
-        occurrence_id,
-        outcome["outcome"],
-        extra={
-            "event": "occurrence_run",
-            "occurrence_id": occurrence_id,
-            "outcome": outcome["outcome"],
-        },
-    )
+    _log_outcome(occurrence_id, outcome)
+    outcome.pop("value", None)  # the wrapper's own result is its outcome dict
     failure = outcome.pop("exception", None)
     if failure is not None:
         report_failure(failure, outcome)
@@ -307,10 +429,13 @@ def report_failure(exc: Exception, outcome: dict[str, Any]) -> NoReturn:
     """Let Celery see the body's failure, after the scheduler has recorded its own state.
 
     A retry the scheduler will make (RETRY_WAIT, through the outbox under the same id) is a
-    Celery RETRY; anything else is a FAILURE carrying the original exception and traceback,
-    so worker logs, events, Flower, ``task_failure`` handlers and Sentry's Celery integration
-    all see it. Neither re-sends the message: the scheduler owns retries.
+    Celery RETRY ("Retry in <delay>s", as ``task.retry(countdown=)`` says); anything else is
+    a FAILURE carrying the original exception and traceback, so worker logs, events, Flower,
+    ``task_failure`` handlers and Sentry's Celery integration all see it. Neither re-sends
+    the message: the scheduler owns retries.
     """
     if outcome["outcome"] == "RETRY_WAIT":
-        raise Retry(f"retry at {outcome['retry_at']:%H:%M:%S}", exc=exc, when=outcome["retry_at"])
+        delay = float(outcome.get("delay") or 0)
+        when: Any = int(delay) if delay.is_integer() else round(delay, 3)
+        raise Retry(exc=exc, when=when)
     raise exc

@@ -102,7 +102,9 @@ STATIC_URL = "static/"
 CELERY_BROKER_URL = os.environ.get(
     "CELERY_BROKER_URL", f"sqla+sqlite:///{DATA_DIR / 'broker.sqlite3'}"
 )
-CELERY_RESULT_BACKEND = None
+# A result backend (e.g. redis://...) when set: scheduled runs store results like any task.
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or None
+CELERY_RESULT_EXTENDED = os.environ.get("CELERY_RESULT_EXTENDED", "") == "1"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BEAT_SCHEDULER = "celery_scheduler.beat:DatabaseScheduler"

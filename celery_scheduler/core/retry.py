@@ -51,6 +51,8 @@ class RetryPolicy:
     backoff_cap: float = 300.0
     permanent_errors: tuple[type[BaseException], ...] = ()
     transient_errors: tuple[type[BaseException], ...] = ()
+    #: False: the ceiling itself, no jitter (Celery's fixed ``default_retry_delay``).
+    jitter: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -102,9 +104,16 @@ def classify(exc: BaseException, policy: RetryPolicy | None = None) -> ErrorClas
 
 
 def backoff_delay(
-    retry_number: int, *, base: float, cap: float, rng: random.Random | None = None
+    retry_number: int,
+    *,
+    base: float,
+    cap: float,
+    rng: random.Random | None = None,
+    jitter: bool = True,
 ) -> float:
     """Full jitter: ``uniform(0, min(cap, base * 2**retry_number))`` seconds.
+
+    ``jitter=False`` returns the ceiling itself.
 
     ``retry_number`` is 0 for the first retry. Full jitter (rather than equal jitter)
     spreads a burst of failures over the whole window, so retries of a top-of-hour batch
@@ -114,6 +123,8 @@ def backoff_delay(
         raise ValueError(f"retry_number must be >= 0, got {retry_number}")
     # Cap the exponent so huge retry numbers do not overflow float.
     ceiling = min(cap, base * 2 ** min(retry_number, 64))
+    if not jitter:
+        return ceiling
     return (rng or random.Random()).uniform(0, ceiling)
 
 
@@ -146,6 +157,7 @@ def decide(
         base=policy.backoff_base,
         cap=policy.backoff_cap,
         rng=rng,
+        jitter=policy.jitter,
     )
     if deadline is not None and now + timedelta(seconds=delay) > deadline:
         return RetryDecision(

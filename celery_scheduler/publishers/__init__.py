@@ -25,6 +25,8 @@ HEADER_SCHEDULE_ID = "scheduler_schedule_id"
 HEADER_SCHEDULE_VERSION = "scheduler_schedule_version"
 HEADER_SCHEDULED_FOR = "scheduler_scheduled_for"
 HEADER_TENANT = "scheduler_tenant"
+#: Present (True) on operator-made occurrences: "run now" and backfills.
+HEADER_MANUAL = "scheduler_manual"
 
 
 def iso_utc(instant: datetime) -> str:
@@ -52,6 +54,11 @@ class OccurrenceMessage:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     queue: str = ""
     priority: int = 0
+    #: Attempts already made (Celery's ``retries`` header): a scheduler retry of a run
+    #: shows ``retries: 1`` in ``task-received``, as ``task.retry()`` would.
+    retries: int = 0
+    #: An operator's occurrence ("run now", backfill), not one of the schedule's triggers.
+    manual: bool = False
 
     @classmethod
     def from_occurrence(cls, occurrence: Any, schedule: Any, *, tenant: str) -> OccurrenceMessage:
@@ -67,6 +74,8 @@ class OccurrenceMessage:
             kwargs=dict(schedule.kwargs or {}),
             queue=schedule.queue or "",
             priority=int(schedule.priority or 0),
+            retries=int(getattr(occurrence, "attempt_count", 0) or 0),
+            manual=bool(getattr(occurrence, "manual", False)),
         )
 
     @property
@@ -87,13 +96,16 @@ class OccurrenceMessage:
         }
 
     def headers(self) -> dict[str, Any]:
-        return {
+        headers: dict[str, Any] = {
             HEADER_OCCURRENCE_ID: self.occurrence_id,
             HEADER_SCHEDULE_ID: self.schedule_id,
             HEADER_SCHEDULE_VERSION: self.schedule_version,
             HEADER_SCHEDULED_FOR: iso_utc(self.scheduled_for),
             HEADER_TENANT: self.tenant,
         }
+        if self.manual:
+            headers[HEADER_MANUAL] = True
+        return headers
 
 
 class Publisher(Protocol):

@@ -90,13 +90,16 @@ class CeleryPublisher:
 
     def _send(self, message: OccurrenceMessage, producer: Any) -> None:
         options = self.route_for(message)
-        if message.priority:
-            options["priority"] = message.priority
+        # The schedule's priority, else the user task's own (as its apply_async would use).
+        priority = message.priority or getattr(self.app.tasks.get(message.task), "priority", None)
+        if priority:
+            options["priority"] = priority
         self.app.send_task(
             RUN_OCCURRENCE_TASK,
             kwargs=message.task_kwargs(),
             task_id=message.task_id,
             shadow=message.task,  # logs, events and Flower name the user's task
+            retries=message.retries,
             headers=message.headers(),
             producer=producer,
             retry=True,

@@ -155,7 +155,14 @@ class TaskMessages:
     # -- message parts --------------------------------------------------------------------
 
     def priority(self, message: OccurrenceMessage) -> int:
-        return int(message.priority or self.wrapper_options.get("priority") or 0)
+        """The schedule's priority, else the user task's own (as its apply_async would use),
+        else the wrapper's."""
+        return int(
+            message.priority
+            or getattr(self.app.tasks.get(message.task), "priority", None)
+            or self.wrapper_options.get("priority")
+            or 0
+        )
 
     def headers(self, message: OccurrenceMessage, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``as_task_v2``'s headers, updated with the scheduler's (``send_task(headers=)``)."""
@@ -170,7 +177,7 @@ class TaskMessages:
             "expires": None,
             "group": None,
             "group_index": None,
-            "retries": 0,
+            "retries": message.retries,
             "timelimit": list(self._timelimit),
             "root_id": task_id,
             "parent_id": None,

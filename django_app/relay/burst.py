@@ -321,6 +321,8 @@ class BurstRelay:
                     queue,
                     prio,
                     tenant,
+                    attempts,
+                    manual,
                 ) in cur.fetchall():
                     messages.append(
                         OccurrenceMessage(
@@ -334,6 +336,8 @@ class BurstRelay:
                             kwargs=dict(decode_json(kwargs) or {}),
                             queue=queue or "",
                             priority=int(prio),
+                            retries=int(attempts),
+                            manual=bool(manual),
                         )
                     )
                     meta.append((outbox_id, sver))

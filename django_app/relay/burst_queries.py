@@ -110,7 +110,7 @@ RETURNING id, occurrence_id, shard, available_at, tenant_id
 """
 READ_SQL = f"""
 SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,
-       s.kwargs, s.queue, s.priority, t.slug
+       s.kwargs, s.queue, s.priority, t.slug, o.attempt_count, o.manual
 FROM {OUTBOX} b
 JOIN {OCCURRENCE} o ON o.id = b.occurrence_id
 JOIN {SCHEDULE} s ON s.id = o.schedule_id

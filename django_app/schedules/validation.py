@@ -334,7 +334,27 @@ def _task_name(value: Any, *, check_registry: bool) -> str:
             raise errors.UnknownTask(
                 f"Task {name!r} is not registered in the Celery app.{hint}", field="task"
             )
+    if check_registry:
+        refuse_unsupported_options(name)
     return name
+
+
+def refuse_unsupported_options(name: str) -> None:
+    """Refuse a task whose own options a scheduled run cannot honour (the table in
+    docs/howto/celery-tools.md); the others apply to scheduled runs."""
+    from celery._state import get_current_app
+
+    task = get_current_app().tasks.get(name)
+    expires = getattr(task, "expires", None) if task is not None else None
+    if expires is not None:
+        # Celery counts expires from the publish; the scheduler publishes at the scheduled
+        # time but may re-publish a run (retry, redelivery) under the same id much later.
+        raise errors.ValidationError(
+            f"Task {name!r} sets expires={expires!r}, which scheduled runs do not apply: "
+            "remove it from the task and give the schedule a deadline (deadline_seconds) "
+            "to bound how late a run may start",
+            field="task",
+        )
 
 
 INTERNAL_TASK_PREFIXES = ("celery.", "celery_scheduler.")

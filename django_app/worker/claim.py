@@ -93,6 +93,8 @@ class ClaimResult:
     started_at: datetime | None = None
     #: Seconds the claimed message waited in the queue (an ENQUEUED occurrence's claim).
     queued_seconds: float | None = None
+    #: The schedule's IANA zone: the run's local scheduled time (``current_occurrence()``).
+    timezone: str = "UTC"
 
     @property
     def claimed(self) -> bool:
@@ -396,6 +398,7 @@ def _start(
         tenant=tenant,
         started_at=now,
         queued_seconds=None if queued is None else (now - queued).total_seconds(),
+        timezone=schedule.timezone,
     )
 
 

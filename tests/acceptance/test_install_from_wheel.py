@@ -156,7 +156,7 @@ def test_quick_start_on_a_new_project(
             from django.utils import timezone
             from celery_scheduler import api
             api.create_schedule(name="wheel smoke", task="{task}",
-                                args=[42, "2026-11"], run_at=timezone.now() + timedelta(seconds=3))
+                                args=[42], run_at=timezone.now() + timedelta(seconds=3))
             """)],
         cwd=project, env=env,
     )  # fmt: skip

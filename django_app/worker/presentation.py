@@ -1,0 +1,187 @@
+"""How a scheduled run presents itself to Celery: as the user's task, not the wrapper.
+
+Every occurrence is published as ``celery_scheduler.run_occurrence`` (the wrapper claims,
+fences and settles it). Celery's tools look at the *task being traced*: result backend,
+worker log line, ``task-*`` events, ``task_prerun``/``task_postrun``/``task_success``/
+``task_failure``/``task_retry`` signals, and through those Flower, Sentry's Celery
+integration and OpenTelemetry's Celery instrumentation. So the worker traces each
+occurrence with the *user's* task:
+
+- :class:`OccurrenceRequest` (the wrapper's ``Request`` class, in the consumer) shows the
+  user's args and kwargs in ``task-received`` and takes the user task's
+  ``time_limit``/``soft_time_limit`` when the message sets none;
+- :func:`install` (at ``worker_init``, before any tracer is built) gives every task a
+  ``run`` that, inside a scheduled run of that task only, does the wrapper's work (claim,
+  run, settle) around the task's own body. Integrations that wrap ``run`` when Celery
+  builds the tracer (Sentry) wrap that one, so they see the scheduler's RETRY as a Celery
+  retry. A task with ``autoretry_for`` gets it one level down, on ``_orig_run``: Celery's
+  autoretry wrapper stays in place and passes the scheduler's Retry through;
+- :class:`OccurrenceTask` (the wrapper's base class, in the pool) replaces the wrapper's
+  tracer: it runs the occurrence through the *user's task's* own tracer. The signals'
+  ``sender`` is the user's task object; results are stored per its ``ignore_result`` and
+  ``result_extended``, under the message's task id (the occurrence id).
+
+A task whose tracer was built before :func:`install` ran (a worker that does not send
+``worker_init``) runs through the wrapper's own tracer, as every scheduled run did before
+(see docs/howto/celery-tools.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Task
+from celery.app import trace as celery_trace
+from celery.utils.saferepr import saferepr
+from celery.worker.request import Request
+
+from celery_scheduler.publishers import RUN_OCCURRENCE_TASK
+
+#: The wrapper kwargs that hold the user's call.
+_TASK, _ARGS, _KWARGS = "task", "args", "kwargs"
+
+
+def user_call(wrapper_kwargs: Any) -> tuple[str, list[Any], dict[str, Any]] | None:
+    """``(task name, args, kwargs)`` of the user's task in a wrapper message's kwargs."""
+    if not isinstance(wrapper_kwargs, dict) or not isinstance(wrapper_kwargs.get(_TASK), str):
+        return None
+    return (
+        wrapper_kwargs[_TASK],
+        list(wrapper_kwargs.get(_ARGS) or ()),
+        dict(wrapper_kwargs.get(_KWARGS) or {}),
+    )
+
+
+class OccurrenceRequest(Request):
+    """The worker's request for a wrapper message, showing the user's call (consumer side)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        call = user_call(self.kwargs)
+        if call is None:
+            return
+        name, user_args, user_kwargs = call
+        app = self.task.app
+        amqp = app.amqp
+        maxlevels = app.conf.task_repr_maxlevels
+        # task-received (and so Flower) shows these: the user's call, as apply_async would.
+        self._argsrepr = saferepr(user_args, amqp.argsrepr_maxsize, maxlevels=maxlevels)
+        self._kwargsrepr = saferepr(user_kwargs, amqp.kwargsrepr_maxsize, maxlevels=maxlevels)
+        target = app.tasks.get(name)
+        hard, soft = self.time_limits
+        if target is not None and hard is None and soft is None:
+            # apply_async puts the task's own limits in the message; ours carries the
+            # wrapper's (none), so the pool would enforce none.
+            self.time_limits = (target.time_limit, target.soft_time_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One scheduled run being traced as its task: passed to that task's ``run``."""
+
+    wrapper: OccurrenceTask
+    target: Any
+    wrapper_kwargs: dict[str, Any]
+    request: dict[str, Any]
+
+
+_job: ContextVar[Job | None] = ContextVar("scheduler_traced_job", default=None)
+
+#: Marks a task whose ``run`` (or ``_orig_run``) :func:`install` replaced.
+_INSTALLED = "_scheduler_runs_occurrences"
+
+
+def install(app: Any) -> None:
+    """Let every task of ``app`` run as a scheduled run (idempotent; before tracers exist)."""
+    for task in list(app.tasks.values()):
+        if task.name != RUN_OCCURRENCE_TASK and not task.name.startswith("celery."):
+            install_task(task)
+
+
+def on_worker_init(sender: Any, **_: Any) -> None:
+    """``worker_init`` handler (connected in ``AppConfig.ready``)."""
+    install(sender.app)
+
+
+def install_task(task: Any) -> None:
+    """Replace ``task.run`` (``task._orig_run`` under ``autoretry_for``) with a function
+    that runs the body as-is, except inside a scheduled run of this very task."""
+    if getattr(task, _INSTALLED, False):
+        return
+    # Under autoretry_for, run is Celery's wrapper whose task.retry() re-sends the message:
+    # the scheduler's work goes beneath it, and its Retry passes through the wrapper.
+    attr = "_orig_run" if callable(getattr(task, "_orig_run", None)) else "run"
+    body: Callable[..., Any] = getattr(task, attr)
+
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        job = _job.get()
+        if job is None or job.target is not task:
+            return body(*args, **kwargs)
+        token = _job.set(None)  # the body calling its own task directly runs it plainly
+        try:
+            return job.wrapper.run_scheduled(job, body, list(args), kwargs)
+        finally:
+            _job.reset(token)
+
+    setattr(task, attr, run)
+    setattr(task, _INSTALLED, True)
+
+
+class OccurrenceTask(Task):
+    """Base class of the wrapper task: traces each occurrence as the user's task.
+
+    Subclasses implement :meth:`run_scheduled`. The worker sets every task's
+    ``__trace__`` at start (and reads it per message); here the setter keeps the
+    wrapper's own tracer (for messages whose task cannot be traced as itself) and the
+    getter returns the dispatcher.
+    """
+
+    Request = "django_app.worker.presentation:OccurrenceRequest"
+
+    _own_trace: Any = None
+
+    def run_scheduled(
+        self, job: Job, body: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        raise NotImplementedError
+
+    @property
+    def __trace__(self) -> Callable[..., Any]:
+        return self._dispatch
+
+    @__trace__.setter
+    def __trace__(self, tracer: Any) -> None:
+        self._own_trace = tracer
+
+    def _dispatch(
+        self, uuid: str, args: Any, kwargs: Any, request: dict[str, Any] | None = None
+    ) -> Any:
+        call = user_call(kwargs)
+        target = self.app.tasks.get(call[0]) if call is not None else None
+        if target is not None and target.__trace__ is None:
+            install_task(target)  # no tracer yet: nothing has bound its run
+        if call is None or target is None or not getattr(target, _INSTALLED, False):
+            return self._wrapper_tracer()(uuid, args, kwargs, request)
+        name, user_args, user_kwargs = call
+        context = dict(request or {})
+        # What the result backend (result_extended) and task.request show: the user's call.
+        context.update(task=name, shadow=None, args=user_args, kwargs=user_kwargs)
+        if target.__trace__ is None:
+            target.__trace__ = celery_trace.build_tracer(
+                name, target, app=self.app, hostname=context.get("hostname")
+            )
+        token = _job.set(Job(wrapper=self, target=target, wrapper_kwargs=kwargs, request=context))
+        try:
+            return target.__trace__(uuid, user_args, user_kwargs, context)
+        finally:
+            _job.reset(token)
+
+    def _wrapper_tracer(self) -> Any:
+        if self._own_trace is None:
+            self._own_trace = celery_trace.build_tracer(self.name, self, app=self.app)
+        return self._own_trace

@@ -1,0 +1,88 @@
+"""The wrapper's tracer hands a scheduled run to the user task's own Celery tracer (issue 23).
+
+In-process, with Celery's real tracer and an in-memory result backend (the processes, Redis,
+Flower, Sentry and OpenTelemetry are in tests/acceptance/test_celery_tools.py): results are
+stored per the user task's ``ignore_result``, the signals' sender is the user's task, and a
+duplicate delivery stores nothing over the result of the attempt that ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+
+from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.publishers import RUN_OCCURRENCE_TASK
+from django_app.tasks import run_occurrence
+from django_app.worker import presentation
+from tests.integration.worker_support import make_occurrence, make_schedule, message_kwargs
+
+pytestmark = pytest.mark.django_db
+app = Celery("presentation-tests", backend="cache+memory://", set_as_current=False)
+assert run_occurrence.name == RUN_OCCURRENCE_TASK  # a shared task: on this app too
+
+
+@app.task(name="p.kept")
+def kept(x: int) -> dict[str, int]:
+    return {"double": 2 * x}
+
+
+@app.task(name="p.ignored", ignore_result=True)
+def ignored() -> str:
+    return "not stored"
+
+
+@app.task(name="p.raises")
+def raises() -> None:
+    raise ValueError("bad row")
+
+
+def deliver(occ: Any) -> Any:
+    """What the pool does with one wrapper message: ``tasks[name].__trace__(...)``."""
+    wrapper = app.tasks[RUN_OCCURRENCE_TASK]
+    request = {"id": str(occ.id), "hostname": "w@test", "delivery_info": {}, "retries": 0}
+    return wrapper.__trace__(str(occ.id), (), message_kwargs(occ), request)
+
+
+@pytest.fixture(autouse=True)
+def installed() -> None:
+    presentation.install(app)
+
+
+def test_the_result_is_the_users_under_the_occurrence_id_and_signals_name_the_user_task(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    senders: list[Any] = []
+
+    def on_success(sender: Any = None, **_: Any) -> None:
+        senders.append(sender)
+
+    signals.task_success.connect(on_success, weak=False)
+    try:
+        occ = make_occurrence(make_schedule(tenant, task="p.kept", args=[21]), frozen_clock.now())
+        deliver(occ)
+    finally:
+        signals.task_success.disconnect(on_success)
+    result = app.AsyncResult(str(occ.id))
+    assert (result.state, result.result) == ("SUCCESS", {"double": 42})
+    assert senders == [app.tasks["p.kept"]]
+    # A duplicate delivery is IGNORED: it runs nothing and stores nothing over the result.
+    deliver(occ)
+    assert app.AsyncResult(str(occ.id)).result == {"double": 42}
+
+
+def test_ignore_result_is_honoured_and_a_failure_is_a_celery_failure(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    quiet = make_occurrence(make_schedule(tenant, task="p.ignored"), frozen_clock.now())
+    deliver(quiet)
+    assert app.AsyncResult(str(quiet.id)).state == "PENDING"
+    failing = make_schedule(tenant, task="p.raises", max_attempts=1)
+    occ = make_occurrence(failing, frozen_clock.now())
+    deliver(occ)
+    result = app.AsyncResult(str(occ.id))
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, ValueError)
+    assert "bad row" in str(result.result)
