@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Mapping
 from typing import IO, Any
 
 from django.conf import settings
@@ -53,7 +54,7 @@ class BoundedJSONParser(BaseParser):
         self,
         stream: IO[bytes] | None,
         media_type: str | None = None,
-        parser_context: dict[str, Any] | None = None,
+        parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
         context = parser_context or {}
         limit = getattr(context.get("view"), "max_body_bytes", None) or default_max_body()

@@ -91,7 +91,7 @@ def _old_terminal(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurre
     return old.filter(~_ahead_of_cursor())
 
 
-def _ahead_of_cursor() -> Exists:
+def _ahead_of_cursor() -> Q:
     """The row is one the materializer may still try to insert (a skip marker, a time it
     materialized ahead): live version, not manual, at or after the schedule's cursor.
 

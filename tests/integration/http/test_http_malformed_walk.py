@@ -65,6 +65,7 @@ class Walk:
         )
         payload = json.loads(response.content) if response.content else None
         if response.status_code >= 400:
+            assert isinstance(payload, dict), (where, payload)
             assert set(payload) >= {"error", "detail", "field"}, (where, payload)
         return response.status_code, payload
 

@@ -124,7 +124,7 @@ def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> None:
         pass  # not a fire time, already paused...: refused the same way in both runs
 
 
-def _call(op: Op, sid: object, clock: FrozenClock) -> None:
+def _call(op: Op, sid: Any, clock: FrozenClock) -> None:
     if op.kind == "skip":
         at = START + (op.day + op.ahead) * DAY + timedelta(hours=op.hour)
         api.skip_occurrence(sid, scheduled_for=at, clock=clock)
