@@ -8,6 +8,7 @@
 - 404 ``not_found``: no such object *in the caller's tenant* (another tenant's id looks
   exactly like a missing one).
 - 413 ``request_too_large``: the body is over the route's limit, which the message gives.
+- 429 ``throttled``: over the credential's ``http_rate``; ``Retry-After`` says when to retry.
 - 409 ``idempotency_conflict`` (key reused with other content), ``version_conflict``
   (``expected_version`` no longer current), ``invalid_state`` (e.g. resume a canceled
   schedule), ``quota_exceeded`` (the tenant's ``max_schedules``).
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -73,6 +75,9 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             body(codes if isinstance(codes, str) else exc.default_code, str(exc.detail)),
             status=exc.status_code,
         )
+        wait = getattr(exc, "wait", None)  # set by DRF on Throttled (not in its stubs)
+        if isinstance(exc, exceptions.Throttled) and wait is not None:
+            response["Retry-After"] = str(max(1, math.ceil(wait)))
         # Set by DRF's handle_exception for 401s: tells the client how to authenticate.
         auth_header = getattr(exc, "auth_header", None)
         if auth_header:

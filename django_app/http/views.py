@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 
 from celery_scheduler import api, errors
 from celery_scheduler.api_types import as_json
-from django_app.http import auth, parsing
+from django_app.http import auth, parsing, throttling
 from django_app.http import errors as http_errors
 from django_app.http import serializers as s
 from django_app.http.auth import scope_of
@@ -70,6 +70,7 @@ class SchedulerAPIView(APIView):
     permission_classes = [auth.HasTenantScope]
     renderer_classes = [JSONRenderer]
     parser_classes = [parsing.BoundedJSONParser]
+    throttle_classes = [throttling.CredentialRateThrottle]
     schema = AutoSchema()
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
