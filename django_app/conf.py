@@ -103,6 +103,10 @@ class SchedulerSettings:
     #: Address the metrics server binds (``CELERY_SCHEDULER_METRICS_ADDR`` wins): all
     #: interfaces, so Prometheus and the kubelet can reach it in a pod.
     metrics_addr: str = "0.0.0.0"
+    #: Requests each API token (or staff session) may make to the HTTP API, in DRF's rate
+    #: form ("600/min", "20/s"); ``None``: not throttled. Over it: 429 with Retry-After.
+    #: Counted in Django's default cache (per process with the local-memory cache).
+    http_rate: str | None = None
 
 
 _FIELDS = SchedulerSettings.__dataclass_fields__

@@ -7,6 +7,7 @@ the kind picks which trigger field applies, and the preview panel shows what it 
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, ClassVar
 from zoneinfo import available_timezones
 
@@ -91,17 +92,39 @@ class ArgumentsJSONField(forms.JSONField):
 
     def to_python(self, value: Any) -> Any:
         try:
-            return super().to_python(value)
+            parsed = super().to_python(value)
         except RecursionError:
             raise forms.ValidationError(
                 _("The JSON is nested too deeply."), code="invalid", params={"value": value}
             ) from None
+        try:
+            # An escaped lone surrogate ("\ud800") parses to a str no database can store:
+            # refused here, as the HTTP API does, instead of failing the save (HTTP 500).
+            json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise forms.ValidationError(
+                _(
+                    "The JSON holds a lone surrogate (an escaped \\ud800-\\udfff alone): "
+                    "not valid text."
+                ),
+                code="invalid",
+                params={"value": value},
+            ) from None
+        except (RecursionError, ValueError):
+            pass  # the API's checks name these (depth, NaN) with their own messages
+        return parsed
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         try:
-            return super().bound_data(data, initial)
-        except RecursionError:
+            bound = super().bound_data(data, initial)
+            # Shown back re-encoded with ensure_ascii=False: a lone surrogate would fail
+            # the page's UTF-8 encoding (HTTP 500), so such input is shown as typed.
+            json.dumps(bound, ensure_ascii=False).encode("utf-8")
+        except (RecursionError, UnicodeEncodeError):
             return InvalidJSONInput(data)  # shown back as typed, like any invalid JSON
+        except ValueError:
+            pass
+        return bound
 
 
 class ScheduleForm(forms.ModelForm):

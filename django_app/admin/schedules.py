@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -14,6 +15,7 @@ from django.db.models import CharField, Exists, OuterRef, QuerySet, Value
 from django.db.models.functions import Concat
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
@@ -154,6 +156,19 @@ class ScheduleChangeList(scale.ScaleChangeList):
 UNSUCCESSFUL_ENDS = frozenset([OccurrenceState.DEAD.value, OccurrenceState.MISSED.value])
 
 
+#: The schedule's date-time fields (split date and time widgets in the form).
+DATETIME_FIELDS = ("run_at", "start_at", "end_at")
+
+
+def _aware_or_none(value: Any) -> datetime | None:
+    """``value`` as an aware date-time, or None when it is not one (impossible, naive...)."""
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return parsed if parsed is not None and parsed.tzinfo is not None else None
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(TenantScopedAdmin):
     form = ScheduleForm
@@ -207,6 +222,18 @@ class ScheduleAdmin(TenantScopedAdmin):
     ) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
         return type(form.__name__, (form,), {"request": request})
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """Django takes ``?field=value`` as initial data; the split date-time widgets of
+        ``run_at``/``start_at``/``end_at`` cannot render a string (HTTP 500, issue 25), so a
+        value there is parsed and kept only if it is a date-time with an offset."""
+        initial: dict[str, Any] = dict(super().get_changeform_initial_data(request))
+        for name in DATETIME_FIELDS:
+            if name in initial:
+                parsed = _aware_or_none(initial.pop(name))
+                if parsed is not None:
+                    initial[name] = parsed
+        return initial
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         who = ["name", "task", "args", "kwargs"]

@@ -7,6 +7,8 @@
 - 401 ``not_authenticated`` / ``authentication_failed``; 403 ``permission_denied``.
 - 404 ``not_found``: no such object *in the caller's tenant* (another tenant's id looks
   exactly like a missing one).
+- 413 ``request_too_large``: the body is over the route's limit, which the message gives.
+- 429 ``throttled``: over the credential's ``http_rate``; ``Retry-After`` says when to retry.
 - 409 ``idempotency_conflict`` (key reused with other content), ``version_conflict``
   (``expected_version`` no longer current), ``invalid_state`` (e.g. resume a canceled
   schedule), ``quota_exceeded`` (the tenant's ``max_schedules``).
@@ -14,13 +16,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from celery_scheduler import errors
+from django_app.http import parsing
 
 _CONFLICTS: list[tuple[type[Exception], str]] = [
     (errors.IdempotencyConflict, "idempotency_conflict"),
@@ -55,6 +60,12 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             return Response(body(code, str(exc)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.ScheduleNotFound | errors.OccurrenceNotFound | Http404):
         return Response(body("not_found", str(exc) or "Not found."), status=404)
+    if isinstance(exc, RequestDataTooBig):  # Django's own limit, met through request.body
+        detail = f"the request body is larger than the limit ({exc})"
+        return Response(body("request_too_large", detail, "body"), status=413)
+    if isinstance(exc, exceptions.ParseError | parsing.BodyTooLarge):
+        code, status_code = str(exc.default_code), exc.status_code
+        return Response(body(code, str(exc.detail), "body"), status=status_code)
     if isinstance(exc, exceptions.ValidationError):
         field, message = _first_field(exc.detail)
         return Response(body("validation_error", message, field, fields=exc.detail), status=400)
@@ -64,6 +75,9 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             body(codes if isinstance(codes, str) else exc.default_code, str(exc.detail)),
             status=exc.status_code,
         )
+        wait = getattr(exc, "wait", None)  # set by DRF on Throttled (not in its stubs)
+        if isinstance(exc, exceptions.Throttled) and wait is not None:
+            response["Retry-After"] = str(max(1, math.ceil(wait)))
         # Set by DRF's handle_exception for 401s: tells the client how to authenticate.
         auth_header = getattr(exc, "auth_header", None)
         if auth_header:

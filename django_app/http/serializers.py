@@ -18,7 +18,10 @@ class AwareDateTimeField(serializers.DateTimeField):
     """ISO 8601 with an offset (``...Z`` or ``+02:00``): a naive time is refused, not guessed."""
 
     def to_internal_value(self, value: Any) -> datetime:
-        parsed = parse_datetime(value) if isinstance(value, str) else None
+        try:
+            parsed = parse_datetime(value) if isinstance(value, str) else None
+        except ValueError:  # well formed but impossible: February 30, hour 25, +24:00
+            parsed = None
         if parsed is None:
             self.fail("invalid", format="ISO 8601 with a UTC offset, e.g. 2026-01-31T02:00:00Z")
         assert parsed is not None
@@ -218,6 +221,12 @@ class TenantCreate(Strict):
 
 class TenantUpdate(TenantCreate):
     slug = _text(read_only=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # read_only would drop it silently: a client renaming a tenant must hear it did not.
+        if "slug" in self.initial_data:
+            raise serializers.ValidationError({"slug": "a tenant's slug cannot be changed"})
+        return super().validate(attrs)
 
 
 # Responses (documentation of the JSON the views answer).

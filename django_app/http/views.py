@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db.models import Q
 from django.http import Http404
@@ -21,7 +21,6 @@ from drf_spectacular.utils import extend_schema as _extend_schema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import SessionAuthentication
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -29,12 +28,16 @@ from rest_framework.views import APIView
 
 from celery_scheduler import api, errors
 from celery_scheduler.api_types import as_json
-from django_app.http import auth, operations
+from django_app.http import auth, operations, parsing, throttling
 from django_app.http import errors as http_errors
 from django_app.http import serializers as s
 from django_app.http.auth import scope_of
 from django_app.models import Occurrence
 from django_app.schedules import reads
+
+#: The body limit of ``schedules/bulk/`` and ``schedules/sync/`` (32 MiB): 10,000 items of
+#: up to ~3 KiB each. Every other route keeps the project's DATA_UPLOAD_MAX_MEMORY_SIZE.
+BULK_MAX_BODY = 32 * 1024 * 1024
 
 _ERRORS = {
     400: OpenApiResponse(s.Error, "Validation error; `field` names the bad input."),
@@ -66,7 +69,8 @@ class SchedulerAPIView(APIView):
     authentication_classes = [auth.TenantTokenAuthentication, SessionAuthentication]
     permission_classes = [auth.HasTenantScope]
     renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
+    parser_classes = [parsing.BoundedJSONParser]
+    throttle_classes = [throttling.CredentialRateThrottle]
     schema = AutoSchema()
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
@@ -163,6 +167,9 @@ class ScheduleListView(SchedulerAPIView):
 
 
 class _ItemsView(SchedulerAPIView):
+    # 10,000 items (serializers.MAX_ITEMS) of a few hundred bytes each do not fit Django's
+    # 2.5 MiB default: these two routes take up to BULK_MAX_BODY.
+    max_body_bytes = BULK_MAX_BODY
     """Bulk create and sync: each item parsed like a create's body, errors naming it."""
 
     def items(self, request: Request, serializer: type[s.Strict]) -> tuple[Any, dict[str, Any]]:
@@ -475,7 +482,28 @@ class SchemaView(SpectacularAPIView):
         "VERSION": _version(),
     }
 
+    #: The generated document per mount prefix: it depends on the code only, and building
+    #: it took ~125 ms, on every (unauthenticated) request.
+    _documents: ClassVar[dict[str, Any]] = {}
+
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         prefix = request.path_info.lstrip("/").removesuffix("schema/")
+        document = self._documents.get(prefix)
+        if document is not None:
+            return Response(document)
         self.patterns = [path(prefix, include("django_app.http.urls"))]
-        return super().get(request, *args, **kwargs)
+        response = super().get(request, *args, **kwargs)
+        if response.status_code == 200:
+            self._documents[prefix] = response.data
+        return response
+
+
+class NotFoundView(SchedulerAPIView):
+    """Every path under the API that matches no route: the JSON 404, whatever the method."""
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+    schema = _NotDocumented()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        raise Http404("No such route in the scheduler API.")

@@ -8,6 +8,12 @@ What may go, and why only that:
   rows and their (sent) OutboxEntry rows go with them.
 - Never a non-terminal occurrence, and never an occurrence whose outbox row is still unsent:
   that row is the relay's promise to publish, and deleting it would silently break it.
+- Never an occurrence the materializer has not passed yet: a row of the schedule's live
+  version at or after its cursor (``next_run_at``). Such a row is a marker, not history: an
+  operator's skip of a future time is a CANCELED row whose ``finished_at`` is the moment of
+  the skip, and the materializer's ``ON CONFLICT DO NOTHING`` insert is what keeps that time
+  from running. Deleting it would let the time run (issue 25). Once the cursor has moved
+  past the time, no materializer writes that key again and the row is history like any.
 - IdempotencyRecord rows only on a separate, explicit cutoff, and never one whose occurrence
   still exists and can run again (non-terminal or DEAD): deleting a business key reopens the
   door to a duplicate effect when a late redelivery of that occurrence arrives.
@@ -30,7 +36,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.errors import ValidationError
-from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry
+from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry, Schedule
 
 #: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
 PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
@@ -79,9 +85,26 @@ class PruneReport:
 
 
 def _old_terminal(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurrence]:
-    return Occurrence.objects.filter(state__in=states).filter(
+    old = Occurrence.objects.filter(state__in=states).filter(
         Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, scheduled_for__lt=cutoff)
     )
+    return old.filter(~_ahead_of_cursor())
+
+
+def _ahead_of_cursor() -> Q:
+    """The row is one the materializer may still try to insert (a skip marker, a time it
+    materialized ahead): live version, not manual, at or after the schedule's cursor.
+
+    Every lifecycle change opens a new version, so rows of older versions (and manual
+    rows, which have ids of their own) are never written again by the materializers."""
+    return Exists(
+        Schedule.objects.filter(
+            pk=OuterRef("schedule_id"),
+            version=OuterRef("schedule_version"),
+            next_run_at__isnull=False,
+            next_run_at__lte=OuterRef("scheduled_for"),
+        )
+    ) & Q(manual=False)
 
 
 def _unsent_outbox() -> Exists:

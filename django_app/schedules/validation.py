@@ -502,7 +502,9 @@ def _check_json(value: Any, name: str, limit: int) -> int:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if depth > limit:
+        # ``depth`` counts the containers around ``item``: a list or object here is level
+        # depth + 1, and ``limit`` levels are allowed (100 nested lists pass, 101 do not).
+        if depth >= limit and isinstance(item, dict | list | tuple):
             raise errors.InvalidArguments(
                 f"{name} is nested more than {limit} levels deep", field=name
             )

@@ -1,0 +1,110 @@
+"""No admin page answers 500 (issue 25, item 3): every admin URL of the app with odd query
+strings (the field names of its forms among them: Django's add view takes them as initial
+values), and the schedule add and change forms with the hostile-input table in every field.
+
+Complements ``test_admin_malformed_params.py`` (list filters of issue 15). Counts the
+requests it sends; each answer must be a page, a redirect, 400, 403 or 404.
+"""
+
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from django_app.models import Schedule
+from tests.integration.admin.test_admin_schedules import edit_data, form_data
+from tests.integration.admin_support import (  # noqa: F401 (fixtures)
+    login,
+    make_schedule,
+    tenants,
+    users,
+)
+
+pytestmark = pytest.mark.django_db
+
+HUGE = "9" * 30
+SURROGATE_JSON = '["\\ud800"]'
+#: Values for any field: impossible dates, NUL, lone surrogates, huge numbers, deep JSON.
+HOSTILE = [
+    "2026-02-30T00:00:00Z", "2026-13-01", "25:00", "2026-01-01T00:00:00+24:00",
+    "2026-01-01T10:00:00Z", "\x00", "a\x00b", SURROGATE_JSON, '{"k": "\\udfff"}',
+    HUGE, "-" + HUGE, "1e999", "NaN", "[" * 2000, "x" * 5000, "", " ",
+]  # fmt: skip
+#: Query-string keys: the form fields (initial values of an add view) and Django's own.
+QUERY_KEYS = [
+    "run_at", "start_at", "end_at", "args", "kwargs", "kind", "interval_seconds", "tenant",
+    "_changelist_filters", "_popup", "o",
+]  # fmt: skip
+#: The query-string values (a subset of HOSTILE: the walk multiplies pages by keys).
+QUERY_VALUES = [
+    "2026-02-30T00:00:00Z", "2026-01-01T10:00:00Z", "\x00", SURROGATE_JSON, HUGE, "[" * 2000,
+]  # fmt: skip
+
+
+def _app_urls(schedule: Schedule) -> list[str]:
+    """Every admin page of the app: changelist, add and (for a schedule) change, history
+    and delete, plus each admin's own extra URLs that take no argument."""
+    urls = []
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label != "django_app":
+            continue
+        info = f"admin:{model._meta.app_label}_{model._meta.model_name}"
+        urls += [reverse(f"{info}_changelist"), reverse(f"{info}_add")]
+        for pattern in model_admin.get_urls():
+            name = getattr(pattern, "name", None)
+            if name and not pattern.pattern.converters and name.startswith("django_app_"):
+                urls.append(reverse(f"admin:{name}"))
+    for view in ("change", "history", "delete"):
+        urls.append(reverse(f"admin:django_app_schedule_{view}", args=[schedule.pk]))
+    return sorted(set(urls))
+
+
+def _status(client: Any, method: str, url: str, data: dict[str, str]) -> int:
+    response = getattr(client, method)(url, data)
+    if response.status_code == 302 and response["Location"].startswith(url.split("?")[0]):
+        return int(client.get(response["Location"]).status_code)
+    return int(response.status_code)
+
+
+@pytest.mark.parametrize("who", ["root", "acme"])
+def test_no_admin_page_answers_500_to_odd_query_strings_or_hostile_forms(
+    login: Any, make_schedule: Any, who: str
+) -> None:
+    client = login(who)
+    client.raise_request_exception = False
+    schedule = make_schedule("acme", name="walked")
+    failures: list[str] = []
+    sent = 0
+    for url in _app_urls(schedule):
+        for key in QUERY_KEYS:
+            for value in QUERY_VALUES:
+                status = _status(client, "get", url, {key: value})
+                sent += 1
+                if status not in (200, 302, 400, 403, 404):
+                    failures.append(f"GET {url} {key}={value[:20]!r}: HTTP {status}")
+    add = reverse("admin:django_app_schedule_add")
+    change = reverse("admin:django_app_schedule_change", args=[schedule.pk])
+    fields = [k for k in form_data() if k != "tenant"]
+    for field in fields:
+        for value in HOSTILE:
+            for url, data in ((add, form_data()), (change, edit_data(schedule))):
+                status = _status(client, "post", url, {**data, field: value})
+                sent += 1
+                if status not in (200, 302, 400, 403, 404):
+                    failures.append(f"POST {url} {field}={value[:20]!r}: HTTP {status}")
+    assert not failures, f"{len(failures)} of {sent}:\n" + "\n".join(failures[:40])
+    print(f"admin walk ({who}): {sent} requests, none 5xx")
+
+
+def test_a_lone_surrogate_in_args_is_a_form_error_naming_args(login: Any) -> None:
+    client = login("acme")
+    client.raise_request_exception = False
+    response = client.post(reverse("admin:django_app_schedule_add"), form_data(args=SURROGATE_JSON))
+    assert response.status_code == 200
+    assert "args" in response.context["adminform"].form.errors
+    assert not Schedule.objects.exists()
