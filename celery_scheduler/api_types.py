@@ -49,7 +49,9 @@ class OccurrenceSummary:
 
     ``lag_seconds`` is ``enqueued_at - scheduled_for`` (None until published);
     ``attempts`` counts every try (retries included); ``origin`` is ``scheduled``,
-    ``run_now`` or ``backfill``.
+    ``run_now`` or ``backfill``. ``task_id`` is the Celery task id of every delivery of this
+    occurrence (the occurrence id as a string): ``AsyncResult(task_id)``, Flower and the
+    worker log name the run by it.
     """
 
     id: uuid.UUID
@@ -64,6 +66,11 @@ class OccurrenceSummary:
     finished_at: datetime | None
     reason: str = ""
     last_error: str = ""
+
+    task_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task_id", str(self.id))
 
 
 @dataclass(frozen=True, kw_only=True)

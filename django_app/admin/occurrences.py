@@ -134,7 +134,7 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
             None,
             {
                 "fields": (
-                    "id",
+                    "task_id_column",
                     "schedule_link",
                     "task_column",
                     "args_block",
@@ -175,7 +175,8 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         ),
     )
     readonly_fields = (
-        *("id", "schedule_link", "task_column", "args_block", "kwargs_block", "state_column"),
+        *("task_id_column", "schedule_link", "task_column", "args_block", "kwargs_block"),
+        "state_column",
         *("trigger_column", "reason", "scheduled_column", "available_column", "enqueued_column"),
         *("started_column", "finished_column", "duration_column", "retry_column", "lag_column"),
         *("attempt_count", "fencing_token", "lease_owner", "lease_expires_column"),
@@ -287,6 +288,12 @@ class OccurrenceAdmin(ReadOnlyMixin, TenantScopedAdmin):
         return format_html(
             '<a href="{}">{}</a> <small>v{}</small>', url, obj.schedule.name, obj.schedule_version
         )
+
+    @admin.display(description=_("Occurrence id = Celery task id"))
+    def task_id_column(self, obj: Occurrence) -> str:
+        # Every delivery of the occurrence carries its id as the Celery task id, so this is
+        # what AsyncResult, Flower and the worker log name the run by.
+        return format_html('<code class="cs-mono">{}</code>', obj.pk)
 
     @admin.display(description=_("Task"))
     def task_column(self, obj: Occurrence) -> str:

@@ -285,6 +285,9 @@ class OccurrenceSummary(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
     reason = serializers.CharField()
     last_error = serializers.CharField()
+    task_id = serializers.CharField(
+        help_text="The Celery task id of every delivery of this occurrence (AsyncResult, Flower)."
+    )
 
 
 class OccurrencePage(serializers.Serializer):

@@ -57,6 +57,8 @@ def test_the_page_shows_task_args_traceback_duration_and_seconds(
     assert "2.50 s" in html  # duration
     started = occurrence.started_at.strftime("%Y-%m-%d %H:%M:%S")
     assert started in html  # to the second
+    assert "Occurrence id = Celery task id" in html  # the run's link to Celery's tools
+    assert f'<code class="cs-mono">{occurrence.pk}</code>' in html
 
 
 def test_replay_button_on_a_dead_occurrence(login: Any, make_schedule: Any) -> None:

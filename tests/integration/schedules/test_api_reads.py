@@ -85,7 +85,9 @@ def test_describe_gives_state_versions_next_times_recent_and_counters(clock: Fro
     full = api.describe_schedule(s.id, last_count=10, clock=clock)
     first = full.recent[-1]
     assert (first.attempts, first.lag_seconds, first.origin) == (2, 3.0, "scheduled")
-    as_json(d)  # every field renders
+    # Each run links to the Celery task id its deliveries carry (AsyncResult, Flower).
+    assert [o.task_id for o in d.recent] == [str(o.id) for o in d.recent]
+    assert as_json(d)["recent"][0]["task_id"] == str(d.recent[0].id)  # every field renders
 
 
 def test_describe_paused_shows_the_note_and_no_next_times(clock: FrozenClock) -> None:
