@@ -345,9 +345,12 @@ def _start(
     Attempt.objects.create(
         occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker, started_at=now
     )
-    last_dead = Attempt.objects.filter(
-        occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
-    ).aggregate(n=Max("number"))["n"]
+    # A first attempt has no earlier FAILED one to count from: skip the read.
+    last_dead = None
+    if number > 1:
+        last_dead = Attempt.objects.filter(
+            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+        ).aggregate(n=Max("number"))["n"]
     deadline = None
     if schedule.deadline_seconds:
         deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)

@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 
 from celery_scheduler import errors
@@ -25,7 +25,7 @@ from django_app import conf
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 from django_app.operations import observe
 from django_app.querysets import transition
-from django_app.worker import limits
+from django_app.worker import complete_pg, limits
 
 logger = logging.getLogger("celery_scheduler.worker")
 _ERROR_LIMIT = 4000
@@ -111,9 +111,21 @@ def renew(
 def complete(
     occurrence_id: uuid.UUID | str, token: int, result: Any = None, *, clock: Clock | None = None
 ) -> None:
-    """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`."""
+    """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`.
+
+    On PostgreSQL one statement (:mod:`django_app.worker.complete_pg`), unless the
+    schedule counts failures.
+    """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
+    if connection.vendor == "postgresql":
+        moved, counts_failures = complete_pg.complete(
+            occ_id, token, result, now=now, slot_owner=slot_owner(occ_id, token)
+        )
+        if moved:
+            return
+        if not counts_failures:
+            raise _rejected("completion", occ_id, token)
     with transaction.atomic():
         schedule = limits.lock_for_failures(occ_id)  # schedule before occurrence, as claims
         transition(
