@@ -45,9 +45,7 @@ def test_a_first_attempts_claim_does_not_read_earlier_attempts(
 
 
 @postgres_only
-def test_completion_is_one_statement_on_postgresql(
-    tenant: Any, frozen_clock: FrozenClock
-) -> None:
+def test_completion_is_one_statement_on_postgresql(tenant: Any, frozen_clock: FrozenClock) -> None:
     occ = make_occurrence(make_schedule(tenant), frozen_clock.now())
     token = claim.claim(occ.id, worker="w", clock=frozen_clock, lease=LEASE).fencing_token
     assert token is not None
@@ -82,7 +80,8 @@ def test_a_stale_completion_writes_nothing_and_keeps_the_new_owners_slot(
     old = claim.claim(occ.id, worker="slow", clock=frozen_clock, lease=LEASE)
     frozen_clock.advance(LEASE + timedelta(seconds=1))
     new = claim.claim(occ.id, worker="fast", clock=frozen_clock, lease=LEASE)
-    assert old.fencing_token is not None and new.fencing_token is not None
+    assert old.fencing_token is not None
+    assert new.fencing_token is not None
     with pytest.raises(errors.StaleWrite):
         finish.complete(occ.id, old.fencing_token, {"from": "slow"}, clock=frozen_clock)
     row = Occurrence.objects.get(pk=occ.pk)
