@@ -134,13 +134,22 @@ def _claim(
     occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
 ) -> ClaimResult:
     lease = lease_or_default(lease)
-    # The tenant's slug rides along (one join, no extra round trip): the metrics' label.
-    owner = Occurrence.objects.filter(pk=occ_id).values_list("schedule_id", "tenant__slug").first()
-    if owner is None:
-        return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
-    schedule_id, tenant = owner
     with transaction.atomic():
-        schedule = Schedule.objects.select_for_update().get(pk=schedule_id)
+        # The schedule row is locked found through the occurrence (one statement, no
+        # read before the transaction); the tenant's slug (the metrics' label) and its
+        # max_running ride along on the join, so a tenant without a quota costs no lock.
+        schedule = (
+            Schedule.objects.select_for_update(of=("self",))
+            .filter(occurrences__pk=occ_id)
+            .annotate(
+                tenant_slug=F("occurrences__tenant__slug"),
+                tenant_max_running=F("occurrences__tenant__max_running"),
+            )
+            .first()
+        )
+        if schedule is None:
+            return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
+        tenant: str = schedule.tenant_slug
         occ = Occurrence.objects.select_for_update().get(pk=occ_id)
         now = clock.now()
         state = S(occ.state)
@@ -160,7 +169,9 @@ def _claim(
         held = _apply_overlap(schedule, occ, now, defer)
         if held is not None:
             return held
-        full = quotas.running_quota_full(occ.tenant_id, occ.pk, now)
+        full = ""
+        if schedule.tenant_max_running:  # the quota's lock and count are taken there
+            full = quotas.running_quota_full(occ.tenant_id, occ.pk, now)
         if full:
             return _defer(occ, now + defer, full)
         token = occ.fencing_token + 1

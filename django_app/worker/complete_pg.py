@@ -67,7 +67,7 @@ def complete(
 ) -> tuple[bool, bool]:
     """(moved, counts_failures): whether the fenced write happened, and whether it was
     left to the portable path because the schedule counts failures."""
-    params = {
+    params: dict[str, Any] = {
         "id": occurrence_id,
         "token": token,
         "now": now,
