@@ -31,7 +31,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
 from celery_scheduler.tasks import occurrence_context
 from django_app import conf
-from django_app.db.connections import reset_after_error
+from django_app.db.connections import drop_if_broken, reset_after_error
 from django_app.operations import observe
 from django_app.worker import claim, finish
 from django_app.worker.idempotency import as_json
@@ -154,6 +154,7 @@ def execute(
 ) -> dict[str, Any]:
     """Claim, run and settle one occurrence; returns what happened (for logs and tests)."""
     lease = finish.lease_or_default(lease)
+    drop_if_broken()  # a connection kept from an earlier task may have been broken by it
     claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
