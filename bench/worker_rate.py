@@ -49,13 +49,18 @@ DEFAULT_BROKER = "redis://127.0.0.1:6379/5"
 TASKS = {"scheduled": "bench.append_line", "idempotent": "bench.append_line_idempotent"}
 
 
+#: The tree whose django_app / example_project the beat and the worker run (``--code``).
+CODE = ROOT
+
+
 def env_for(db: str, broker: str, lines: Path, stats: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_SCHEDULER_FAULT")}
     env.update(
         DATABASE_URL=db,
         CELERY_BROKER_URL=broker,
         DJANGO_SETTINGS_MODULE="example_project.settings",
-        PYTHONPATH=str(ROOT),
+        # The code under test first, then this harness's bench package.
+        PYTHONPATH=f"{CODE}{os.pathsep}{ROOT}",
         PYTHONUNBUFFERED="1",
         BENCH_LINES=str(lines),
         BENCH_STATS_DIR=str(stats),
@@ -227,7 +232,7 @@ def fill_queue(mode: str, n: int, env: dict[str, str], broker: str, work: Path) 
             [sys.executable, "-m", "celery", "-A", "example_project", "beat", "-l", "WARNING",
              "-S", "celery_scheduler.beat:DatabaseScheduler",
              "-s", str(work / "beat-schedule")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=CODE, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             wait_for(lambda: queue.llen("celery") >= n, time.monotonic() + 180, "the beat")
@@ -261,7 +266,7 @@ def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> di
         worker = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "example_project", "worker", "-P", "prefork",
              "-c", str(c), "-I", "bench.worker_tasks", "-l", "WARNING"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=CODE, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             wait_for(lambda: line_count(lines) >= n, time.monotonic() + 900, f"{n} lines")
@@ -311,7 +316,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--plain", type=int, default=5000, help="plain messages per point")
     parser.add_argument("--runs", type=int, default=2000, help="scheduled runs per point")
     parser.add_argument("--broker", default=DEFAULT_BROKER)
+    parser.add_argument(
+        "--code", default=str(ROOT), help="a checkout whose worker to run (A/B: an older commit)"
+    )
     args = parser.parse_args(argv)
+    global CODE
+    CODE = Path(args.code).resolve()
     db = os.environ.get("DATABASE_URL", DEFAULT_DB)
     os.environ.update(
         DATABASE_URL=db, CELERY_BROKER_URL=args.broker,
@@ -350,7 +360,7 @@ def main(argv: list[str]) -> None:
             print(f"-c {c}: @idempotent_task adds {extra:.2f} ms per run (worker time / c)")
     out = ROOT / "bench" / "results" / f"worker_rate-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"argv": argv, "points": points}, indent=1))
+    out.write_text(json.dumps({"argv": argv, "code": str(CODE), "points": points}, indent=1))
     print(f"wrote {out} (logs in {work})")
 
 
