@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Max, Q
 
 from celery_scheduler import errors
@@ -135,21 +135,10 @@ def _claim(
 ) -> ClaimResult:
     lease = lease_or_default(lease)
     with transaction.atomic():
-        # The schedule row is locked found through the occurrence (one statement, no
-        # read before the transaction); the tenant's slug (the metrics' label) and its
-        # max_running ride along on the join, so a tenant without a quota costs no lock.
-        schedule = (
-            Schedule.objects.select_for_update(of=("self",))
-            .filter(occurrences__pk=occ_id)
-            .annotate(
-                tenant_slug=F("occurrences__tenant__slug"),
-                tenant_max_running=F("occurrences__tenant__max_running"),
-            )
-            .first()
-        )
-        if schedule is None:
+        found = _lock_schedule(occ_id)
+        if found is None:
             return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
-        tenant: str = schedule.tenant_slug
+        schedule, tenant, max_running = found
         occ = Occurrence.objects.select_for_update().get(pk=occ_id)
         now = clock.now()
         state = S(occ.state)
@@ -170,7 +159,7 @@ def _claim(
         if held is not None:
             return held
         full = ""
-        if schedule.tenant_max_running:  # the quota's lock and count are taken there
+        if max_running:  # the quota's lock and count are taken there
             full = quotas.running_quota_full(occ.tenant_id, occ.pk, now)
         if full:
             return _defer(occ, now + defer, full)
@@ -185,6 +174,39 @@ def _claim(
             if slot is None:
                 return _defer(occ, now + defer, f"waiting for a concurrency slot of {key}")
         return _start(schedule, occ, worker, now, lease, slot, tenant)
+
+
+def _lock_schedule(occ_id: uuid.UUID) -> tuple[Schedule, str, int | None] | None:
+    """Lock the occurrence's schedule; with the tenant's slug (the metrics' label) and its
+    ``max_running`` (a tenant without a quota costs no lock), or None if it is gone.
+
+    Where ``FOR UPDATE OF`` exists (PostgreSQL) the schedule is found through the
+    occurrence in the locking statement itself. Elsewhere (MariaDB has no ``OF``: a join
+    would lock the occurrence and tenant rows too, in the plan's order, not the claim's)
+    the keys are read first and the schedule locked by its primary key.
+    """
+    if connection.features.has_select_for_update_of:
+        schedule = (
+            Schedule.objects.select_for_update(of=("self",))
+            .filter(occurrences__pk=occ_id)
+            .annotate(
+                tenant_slug=F("occurrences__tenant__slug"),
+                tenant_max_running=F("occurrences__tenant__max_running"),
+            )
+            .first()
+        )
+        if schedule is None:
+            return None
+        return schedule, schedule.tenant_slug, schedule.tenant_max_running
+    row = (
+        Occurrence.objects.filter(pk=occ_id)
+        .values_list("schedule_id", "tenant__slug", "tenant__max_running")
+        .first()
+    )
+    if row is None:
+        return None
+    schedule_id, slug, max_running = row
+    return Schedule.objects.select_for_update().get(pk=schedule_id), slug, max_running
 
 
 def _stale_reason(schedule: Schedule, occ: Occurrence) -> str:
