@@ -104,3 +104,22 @@ def test_a_success_still_resets_the_failure_count(tenant: Any, frozen_clock: Fro
     finish.complete(occ.id, token, {"ok": 1}, clock=frozen_clock)
     assert Schedule.objects.get(pk=schedule.pk).consecutive_failures == 0
     assert Occurrence.objects.get(pk=occ.pk).state == S.SUCCEEDED
+
+
+@postgres_only
+def test_an_idempotency_key_is_recorded_without_a_savepoint_on_postgresql() -> None:
+    from django_app.worker import idempotency
+
+    def run() -> Any:
+        return idempotency.run_once(
+            "cost-key", task_name="bench.cost", occurrence_id=None, body=lambda: {"n": 1}
+        )
+
+    with CaptureQueriesContext(connection) as captured:
+        first = run()
+    # One savepoint: the run's own transaction, nested in the test's. A savepoint around
+    # the key's insert (to catch its IntegrityError) would be a second one.
+    savepoints = [q for q in captured.captured_queries if q["sql"].startswith("SAVEPOINT")]
+    assert len(savepoints) == 1, captured.captured_queries
+    assert first == {"n": 1}
+    assert run() == {"n": 1}  # a second delivery finds the key and returns the stored result
