@@ -83,8 +83,9 @@ def db_counters(db: str) -> dict[str, Any]:
     with psycopg.connect(db.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
         row = conn.execute(
             "SELECT d.oid, s.xact_commit + s.xact_rollback, s.sessions, s.tup_inserted, "
-            "s.tup_updated, s.tup_deleted, pg_current_wal_lsn()::text FROM pg_stat_database s "
-            "JOIN pg_database d ON d.datname = s.datname WHERE s.datname = %s",
+            "s.tup_updated, s.tup_deleted, pg_current_wal_flush_lsn()::text "
+            "FROM pg_stat_database s JOIN pg_database d ON d.datname = s.datname "
+            "WHERE s.datname = %s",
             [name],
         ).fetchone()
     assert row is not None
@@ -126,13 +127,15 @@ class WalMeter(threading.Thread):
                     return
 
     def _read(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        # The flushed end: a range past it is refused ("future end LSN").
+        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert row is not None
         assert self.total is not None
         end = row[0]
         try:
             got = conn.execute(_WAL_SQL, [self.lsn, end, self.pattern, self.pattern]).fetchone()
-        except psycopg.Error:
+        except psycopg.Error as exc:
+            print(f"WAL not counted: {exc}", file=sys.stderr)
             self.total = None
             return
         self.total += int(got[0]) if got else 0
@@ -350,7 +353,7 @@ def main(argv: list[str]) -> None:
             f"{p['c']:>3} {p['mode']:<11} {p['per_s']:>8.1f} {ratio:>6} "
             f"{p['statements_per_run']:>6} {p['connections_per_run']:>6} "
             f"{p['transactions_per_run']:>6} {p['rows_written_per_run']:>6} "
-            f"{p.get('wal_bytes_per_run', '-'):>7}"
+            f"{p.get('wal_bytes_per_run') or '-':>7}"
         )
     by_c = {(p["mode"], p["c"]): p for p in points}
     for c in sorted({p["c"] for p in points}):
