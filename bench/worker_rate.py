@@ -362,7 +362,7 @@ def main(argv: list[str]) -> None:
         s, i = by_c.get(("scheduled", c)), by_c.get(("idempotent", c))
         if s and i:
             extra = 1000 / i["per_s"] - 1000 / s["per_s"]
-            print(f"-c {c}: @idempotent_task adds {extra:.2f} ms per run (worker time / c)")
+            print(f"-c {c}: @idempotent_task adds {extra:.2f} ms of wall time per run")
     out = ROOT / "bench" / "results" / f"worker_rate-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"argv": argv, "code": str(CODE), "points": points}, indent=1))
