@@ -33,7 +33,7 @@ from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import HEADER_MANUAL
 from celery_scheduler.tasks import Origin, ScheduledRun, occurrence_context
 from django_app import conf
-from django_app.db.connections import reset_after_error
+from django_app.db.connections import drop_if_broken, reset_after_error
 from django_app.operations import observe
 from django_app.schedules.backfill import BACKFILL_VERSION
 from django_app.worker import claim, finish, presentation
@@ -186,6 +186,7 @@ def execute(
     ``message``: the wrapper's kwargs and headers, for :func:`current_occurrence`.
     """
     lease = finish.lease_or_default(lease)
+    drop_if_broken()  # a connection kept from an earlier task may have been broken by it
     claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}

@@ -109,6 +109,11 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BEAT_SCHEDULER = "celery_scheduler.beat:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Keep each worker process's database connection across tasks (Celery's Django fixup closes
+# it before and after every task otherwise, whatever CONN_MAX_AGE says): a new PostgreSQL
+# connection per scheduled run was the largest part of its cost (bench/README.md, "Worker
+# throughput"). Celery closes it every this many tasks; 0 closes it after each task.
+CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000")) or None
 
 CELERY_SCHEDULER = {
     key: int(value)

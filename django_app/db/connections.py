@@ -29,3 +29,16 @@ def reset_after_error() -> None:
         connection.close()
     except Exception:  # closing a dead connection may raise too; it is dropped regardless
         logger.debug("closing a broken database connection failed", exc_info=True)
+
+
+def drop_if_broken() -> None:
+    """Close this thread's connection if an earlier error left it unusable.
+
+    Workers keep their connection across tasks (``CELERY_DB_REUSE_MAX``): a connection a
+    task body broke (a killed backend, an error Django flagged) must not carry into the
+    next claim. Costs nothing on a healthy connection: Django pings only after an error.
+    """
+    if connection.in_atomic_block or connection.connection is None:
+        return
+    if connection.errors_occurred and not connection.is_usable():
+        reset_after_error()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Max, Q
 
 from celery_scheduler import errors
@@ -138,13 +138,11 @@ def _claim(
     occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
 ) -> ClaimResult:
     lease = lease_or_default(lease)
-    # The tenant's slug rides along (one join, no extra round trip): the metrics' label.
-    owner = Occurrence.objects.filter(pk=occ_id).values_list("schedule_id", "tenant__slug").first()
-    if owner is None:
-        return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
-    schedule_id, tenant = owner
     with transaction.atomic():
-        schedule = Schedule.objects.select_for_update().get(pk=schedule_id)
+        found = _lock_schedule(occ_id)
+        if found is None:
+            return ClaimResult(outcome=ClaimOutcome.NOT_FOUND, occurrence_id=occ_id)
+        schedule, tenant, max_running = found
         occ = Occurrence.objects.select_for_update().get(pk=occ_id)
         now = clock.now()
         state = S(occ.state)
@@ -167,7 +165,9 @@ def _claim(
         # Waiters are served oldest first (django_app.worker.waiting): asked under the
         # tenant row lock here, under the key's slot row locks below.
         place = waiting.Place(line=waiting.Line.for_tenant(occ.tenant_id, tenant), occ=occ)
-        full = quotas.running_quota_full(occ.tenant_id, occ.pk, now, behind=place.behind)
+        full = ""
+        if max_running:  # the quota's lock and count are taken there
+            full = quotas.running_quota_full(occ.tenant_id, occ.pk, now, behind=place.behind)
         if full:
             return _wait(occ, now, defer, place, full)
         if place.asked:  # the tenant has a max_running: its next waiter becomes the head
@@ -198,6 +198,39 @@ def _wait(
         return _defer(occ, now + defer, reason)
     place.line.wake_oldest(now, besides=occ.pk)  # the head may be parked or lost
     return _defer(occ, now + max(defer, waiting.PARK), reason)
+
+
+def _lock_schedule(occ_id: uuid.UUID) -> tuple[Schedule, str, int | None] | None:
+    """Lock the occurrence's schedule; with the tenant's slug (the metrics' label) and its
+    ``max_running`` (a tenant without a quota costs no lock), or None if it is gone.
+
+    Where ``FOR UPDATE OF`` exists (PostgreSQL) the schedule is found through the
+    occurrence in the locking statement itself. Elsewhere (MariaDB has no ``OF``: a join
+    would lock the occurrence and tenant rows too, in the plan's order, not the claim's)
+    the keys are read first and the schedule locked by its primary key.
+    """
+    if connection.features.has_select_for_update_of:
+        schedule = (
+            Schedule.objects.select_for_update(of=("self",))
+            .filter(occurrences__pk=occ_id)
+            .annotate(
+                tenant_slug=F("occurrences__tenant__slug"),
+                tenant_max_running=F("occurrences__tenant__max_running"),
+            )
+            .first()
+        )
+        if schedule is None:
+            return None
+        return schedule, schedule.tenant_slug, schedule.tenant_max_running
+    row = (
+        Occurrence.objects.filter(pk=occ_id)
+        .values_list("schedule_id", "tenant__slug", "tenant__max_running")
+        .first()
+    )
+    if row is None:
+        return None
+    schedule_id, slug, max_running = row
+    return Schedule.objects.select_for_update().get(pk=schedule_id), slug, max_running
 
 
 def _stale_reason(schedule: Schedule, occ: Occurrence) -> str:
@@ -379,9 +412,12 @@ def _start(
     Attempt.objects.create(
         occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker, started_at=now
     )
-    last_dead = Attempt.objects.filter(
-        occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
-    ).aggregate(n=Max("number"))["n"]
+    # A first attempt has no earlier FAILED one to count from: skip the read.
+    last_dead = None
+    if number > 1:
+        last_dead = Attempt.objects.filter(
+            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+        ).aggregate(n=Max("number"))["n"]
     deadline = None
     if schedule.deadline_seconds:
         deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)

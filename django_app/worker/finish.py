@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 
 from celery_scheduler import errors
@@ -25,7 +25,7 @@ from django_app import conf
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 from django_app.operations import observe
 from django_app.querysets import transition
-from django_app.worker import limits, waiting
+from django_app.worker import complete_pg, limits, waiting
 
 logger = logging.getLogger("celery_scheduler.worker")
 _ERROR_LIMIT = 4000
@@ -74,7 +74,14 @@ def _release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
     ConcurrencySlot.objects.filter(pk__in=[pk for pk, _, _ in held]).update(
         owner="", occurrence_id=None, expires_at=None
     )
-    for _, tenant_id, key in held:
+    _wake_after_release([(tenant_id, key) for _, tenant_id, key in held], occurrence_id, now)
+
+
+def _wake_after_release(
+    released: list[tuple[int, str]], occurrence_id: uuid.UUID, now: datetime
+) -> None:
+    """Wake the oldest waiter of each released slot's key to take it now."""
+    for tenant_id, key in released:
         waiting.Line.for_slots(tenant_id, key).wake_oldest(
             now, besides=occurrence_id, unless_due_within=timedelta(0)
         )
@@ -127,9 +134,22 @@ def renew(
 def complete(
     occurrence_id: uuid.UUID | str, token: int, result: Any = None, *, clock: Clock | None = None
 ) -> None:
-    """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`."""
+    """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`.
+
+    On PostgreSQL one statement (:mod:`django_app.worker.complete_pg`), unless the
+    schedule counts failures.
+    """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
+    if connection.vendor == "postgresql":
+        moved, counts_failures, released = complete_pg.complete(
+            occ_id, token, result, now=now, slot_owner=slot_owner(occ_id, token)
+        )
+        if moved:
+            _wake_after_release(released, occ_id, now)
+            return
+        if not counts_failures:
+            raise _rejected("completion", occ_id, token)
     with transaction.atomic():
         schedule = limits.lock_for_failures(occ_id)  # schedule before occurrence, as claims
         transition(

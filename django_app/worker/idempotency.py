@@ -4,7 +4,8 @@ Records are namespaced by (tenant, task name, key): the same key string in anoth
 or task is another effect, never a hit. The unique index on that triple (on (task name,
 key) for the default namespace, tenant NULL) is the arbiter. On PostgreSQL a second
 inserter of an uncommitted key blocks on the index until the first transaction ends: if it
-committed, the insert fails and we read its stored result; if it rolled back (crash, error),
+committed, the insert finds the key (``ON CONFLICT DO NOTHING``: no savepoint) and we read
+its stored result; if it rolled back (crash, error),
 the insert succeeds and this run does the work. SQLite serialises writers (IMMEDIATE
 transactions), which gives the same outcome.
 """
@@ -16,9 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from celery_scheduler import errors
+from celery_scheduler.core.clock import SYSTEM_CLOCK
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.tasks import current_fence, idempotency_context
 from django_app.models import IdempotencyRecord, Occurrence, Tenant
@@ -98,16 +100,9 @@ def _run_once(
     task_name, key = namespace["task_name"], namespace["key"]
     with transaction.atomic():
         try:
-            try:
-                with transaction.atomic():
-                    IdempotencyRecord.objects.create(
-                        **namespace, occurrence_id=occurrence_id, task_id=str(task_id)
-                    )
-            except IntegrityError:
+            found = not _insert_key(namespace, occurrence_id, str(task_id))
+            if found:
                 stored = IdempotencyRecord.objects.values_list("result", flat=True).get(**namespace)
-                found = True
-            else:
-                found = False
         except OperationalError as exc:
             if _is_deadlock(exc):
                 raise _KeyDeadlock(exc) from exc
@@ -141,6 +136,40 @@ def _tenant_label(tenant_id: int | None) -> str:
         return "default"
     slug = Tenant.objects.filter(pk=tenant_id).values_list("slug", flat=True).first()
     return slug if slug is not None else f"#{tenant_id}"
+
+
+_INSERT_KEY = (
+    "INSERT INTO {table} (tenant_id, task_name, key, occurrence_id, task_id, created_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1"
+)
+
+
+def _insert_key(namespace: dict[str, Any], occurrence_id: str | None, task_id: str) -> bool:
+    """Insert the key's record; False if the key is already done (the unique index says).
+
+    On PostgreSQL ``ON CONFLICT DO NOTHING`` waits on the index like a plain insert and
+    needs no savepoint (two round trips fewer); elsewhere the insert runs in a savepoint
+    and its IntegrityError is the answer.
+    """
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _INSERT_KEY.format(table=table),
+                [
+                    namespace["tenant_id"], namespace["task_name"], namespace["key"],
+                    occurrence_id, task_id, SYSTEM_CLOCK.now(),
+                ],
+            )  # fmt: skip
+            return cursor.fetchone() is not None
+    try:
+        with transaction.atomic():
+            IdempotencyRecord.objects.create(
+                **namespace, occurrence_id=occurrence_id, task_id=task_id
+            )
+    except IntegrityError:
+        return False
+    return True
 
 
 def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:

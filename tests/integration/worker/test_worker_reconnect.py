@@ -64,3 +64,25 @@ def test_claim_on_a_killed_connection_leaves_a_fresh_one_for_the_retry(
     with pytest.raises(errors.CoordinationUnavailable):
         claim.claim(occ.id, worker="w", clock=frozen_clock)
     assert claim.claim(occ.id, worker="w", clock=frozen_clock).claimed
+
+
+def test_a_kept_connection_broken_by_a_task_does_not_fail_the_next_claim(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Workers keep their connection across tasks (CELERY_DB_REUSE_MAX): a body that met a
+    killed backend must not leave the next run's claim to fail and wait for a retry."""
+    from celery import Celery
+
+    from django_app.tasks import execute
+
+    app = Celery("kept-connection", set_as_current=False)
+
+    @app.task(name="kept.ok")
+    def ok() -> dict[str, bool]:
+        return {"ok": True}
+
+    occ = make_occurrence(make_schedule(tenant), frozen_clock.now())
+    break_connection()  # what the previous task's body left behind
+    outcome = execute(app, str(occ.id), "kept.ok", [], {}, worker_name="w", clock=frozen_clock)
+    assert outcome["outcome"] == "SUCCEEDED"
+    assert Occurrence.objects.get(pk=occ.pk).state == S.SUCCEEDED

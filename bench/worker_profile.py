@@ -1,0 +1,132 @@
+"""Where a scheduled run's worker time goes, phase by phase, in one process.
+
+    python -m bench.worker_profile [--runs 300]
+
+Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler tables are wiped):
+``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
+(median over the runs, milliseconds): opening a new database connection and its first
+claim (what every run paid while Celery closed the connection after each task), a claim
+on a kept connection, the body (``bench.append_line``), the completion, the heartbeat
+thread's start and stop, and the wrapper's log line. Then ``execute()`` whole, on a kept
+connection and with the connection closed before each run. No broker: the Celery side of
+a task is what the plain rate of ``bench.worker_rate`` measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/cs_worker"
+
+
+def timed(samples: dict[str, list[float]], name: str, call: Callable[[], Any]) -> Any:
+    started = time.perf_counter()
+    value = call()
+    samples.setdefault(name, []).append((time.perf_counter() - started) * 1000)
+    return value
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=300)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
+    os.environ.setdefault("BENCH_LINES", tempfile.mktemp(prefix="worker_profile-"))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from bench import worker_rate, worker_tasks
+    from celery_scheduler.core.ids import occurrence_id
+    from django_app import tasks
+    from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+    from django_app.worker import claim, finish
+    from example_project.celery import app
+
+    call_command("migrate", verbosity=0, interactive=False)
+    worker_rate.reset(os.environ["DATABASE_URL"], "redis://127.0.0.1:6379/5")
+    tenant = Tenant.objects.create(slug="bench", name="bench")
+    now = datetime.now(UTC).replace(microsecond=0)
+
+    def enqueued(n: int) -> list[uuid.UUID]:
+        ids = []
+        for _ in range(n):
+            schedule = Schedule.objects.create(
+                tenant=tenant, name=f"p-{uuid.uuid4().hex[:8]}", task="bench.append_line",
+                kind="CRON", cron="0 * * * *",
+            )  # fmt: skip
+            occ = Occurrence.objects.create(
+                id=occurrence_id(schedule.id, schedule.version, now), schedule=schedule,
+                schedule_version=schedule.version, tenant=tenant, scheduled_for=now,
+                available_at=now, state="ENQUEUED", enqueued_at=now,
+            )  # fmt: skip
+            OutboxEntry.objects.create(
+                occurrence=occ, tenant=tenant, available_at=now, sent_at=now, publish_count=1
+            )
+            ids.append(occ.id)
+        return ids
+
+    lease = timedelta(seconds=300)
+    log = logging.getLogger("celery_scheduler.worker")
+    samples: dict[str, list[float]] = {}
+    for occ_id in enqueued(args.runs):
+        connection.close()
+        timed(samples, "connect (new connection)", connection.ensure_connection)
+        claimed = timed(
+            samples, "first claim on the new connection",
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+        )  # fmt: skip
+        token = claimed.fencing_token
+        beat = tasks.Heartbeat(str(occ_id), token, lease)
+        timed(samples, "heartbeat thread start", beat.start)
+        value = timed(samples, "body (append one line)", worker_tasks._append)
+        timed(samples, "heartbeat thread stop", beat.stop)
+        timed(
+            samples, "completion",
+            lambda occ_id=occ_id, token=token, value=value: finish.complete(
+                occ_id, token, value
+            ),
+        )  # fmt: skip
+        timed(samples, "log line", lambda occ_id=occ_id: log.info("occurrence %s: x", occ_id))
+    for occ_id in enqueued(args.runs):
+        timed(
+            samples, "claim on a kept connection",
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+        )  # fmt: skip
+    for occ_id in enqueued(args.runs):
+        timed(
+            samples, "execute() on a kept connection",
+            lambda occ_id=occ_id: tasks.execute(
+                app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
+            ),
+        )  # fmt: skip
+    for occ_id in enqueued(args.runs):
+        connection.close()
+        timed(
+            samples, "execute() on a new connection",
+            lambda occ_id=occ_id: tasks.execute(
+                app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
+            ),
+        )  # fmt: skip
+    width = max(len(k) for k in samples)
+    print(f"{'phase':<{width}}  median ms  p90 ms  (n = {args.runs} each)")
+    for name, values in samples.items():
+        p90 = statistics.quantiles(values, n=10)[-1]
+        print(f"{name:<{width}}  {statistics.median(values):9.2f}  {p90:6.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

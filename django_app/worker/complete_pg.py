@@ -1,0 +1,90 @@
+"""PostgreSQL: the completion of a run as one statement (one round trip, one commit).
+
+:func:`django_app.worker.finish.complete` takes this path on PostgreSQL. The statement
+writes exactly what the portable path's transaction writes (the occurrence RUNNING ->
+SUCCEEDED under the fencing token, the attempt's outcome and result, the release of the
+attempt's concurrency slot), each write gated on the fenced occurrence update, so a stale
+token changes no row at all. A schedule that sets ``pause_after_failures`` is not touched
+here: its success resets the failure count under the schedule lock, which the portable
+path takes before the occurrence (the claim's lock order); the statement then reports it
+and the caller runs the portable path instead.
+
+Issued outside ``transaction.atomic()`` (autocommit), the statement is its own
+transaction: the portable path's BEGIN, four statements and COMMIT become one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from celery_scheduler.core.enums import AttemptOutcome
+from celery_scheduler.core.enums import OccurrenceState as S
+from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
+
+# The schedule is read, not locked: the portable path reads pause_after_failures unlocked
+# too, and locks the schedule only when it is set (then this statement changes nothing).
+_SQL = """
+WITH counts AS (
+    SELECT s.pause_after_failures IS NOT NULL AS counts
+    FROM {occurrence} o JOIN {schedule} s ON s.id = o.schedule_id
+    WHERE o.id = %(id)s
+), occ AS (
+    UPDATE {occurrence} SET state = %(state)s, finished_at = %(now)s,
+        result = %(result)s::jsonb, lease_owner = '', lease_expires_at = NULL,
+        retry_at = NULL
+    WHERE id = %(id)s AND state = %(running)s AND fencing_token = %(token)s
+        AND NOT coalesce((SELECT counts FROM counts), false)
+    RETURNING id
+), att AS (
+    UPDATE {attempt} SET outcome = %(outcome)s, finished_at = %(now)s,
+        result = %(result)s::jsonb
+    WHERE occurrence_id = %(id)s AND fencing_token = %(token)s
+        AND EXISTS (SELECT 1 FROM occ)
+), slot AS (
+    UPDATE {slot} SET owner = '', occurrence_id = NULL, expires_at = NULL
+    WHERE owner = %(owner)s AND EXISTS (SELECT 1 FROM occ)
+    RETURNING tenant_id, key
+)
+SELECT (SELECT count(*) FROM occ), coalesce((SELECT counts FROM counts), false),
+    (SELECT coalesce(json_agg(json_build_array(tenant_id, key)), '[]') FROM slot)
+"""
+
+
+def _sql() -> str:
+    return _SQL.format(
+        occurrence=connection.ops.quote_name(Occurrence._meta.db_table),
+        schedule=connection.ops.quote_name(Schedule._meta.db_table),
+        attempt=connection.ops.quote_name(Attempt._meta.db_table),
+        slot=connection.ops.quote_name(ConcurrencySlot._meta.db_table),
+    )
+
+
+def complete(
+    occurrence_id: uuid.UUID, token: int, result: Any, *, now: datetime, slot_owner: str
+) -> tuple[bool, bool, list[tuple[int, str]]]:
+    """(moved, counts_failures, released): whether the fenced write happened, whether it was
+    left to the portable path because the schedule counts failures, and the (tenant, key)
+    of each concurrency slot it released (their oldest waiters are woken by the caller)."""
+    params: dict[str, Any] = {
+        "id": occurrence_id,
+        "token": token,
+        "now": now,
+        # JSON null stays SQL NULL, as the JSONField writes None.
+        "result": None if result is None else json.dumps(result),
+        "state": S.SUCCEEDED.value,
+        "running": S.RUNNING.value,
+        "outcome": AttemptOutcome.SUCCEEDED.value,
+        "owner": slot_owner,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_sql(), params)
+        row = cursor.fetchone()
+    if not row:
+        return False, False, []
+    released = row[2] if isinstance(row[2], list) else json.loads(row[2] or "[]")
+    return int(row[0]) == 1, bool(row[1]), [(int(t), str(k)) for t, k in released]
