@@ -159,3 +159,20 @@ def test_a_head_whose_message_was_lost_is_published_again(
     assert claim_as(newcomer, frozen_clock).outcome is ClaimOutcome.DEFERRED
     row = OutboxEntry.objects.get(occurrence=head)
     assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
+
+
+@pytest.mark.parametrize("line", ["group", "own cap"])
+def test_a_released_slot_wakes_the_head_to_take_it_now(
+    line: str, tenant: Any, tenant_factory: Callable[..., Any], frozen_clock: FrozenClock
+) -> None:
+    """The completion that frees a slot makes the head due at once, on every database's
+    completion path (PostgreSQL's one statement too), not at its next poll."""
+    a, b = LINES[line](tenant, tenant_factory)
+    t0 = frozen_clock.now()
+    holder, head = make_occurrence(a, t0), make_occurrence(b, t0 + timedelta(seconds=1))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
+
+    finish.complete(holder.id, token, clock=frozen_clock)
+    assert OutboxEntry.objects.get(occurrence_id=head.pk).available_at == t0
