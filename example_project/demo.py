@@ -156,14 +156,16 @@ def _fmt_lag(value: float | None) -> str:
     return "      -" if value is None else f"{value:6.2f}s"
 
 
-def run_label(name: str, *, manual: bool, reason: str) -> str:
+def run_label(name: str, *, manual: bool, version: int) -> str:
     """The schedule's name, with why the run exists when not by the schedule.
 
-    The two manual invoice runs otherwise read like the daily 06:00 run firing early.
+    The two manual invoice runs otherwise read like the daily 06:00 run firing early. Told
+    by the row's origin, not its ``reason`` (a claim clears that when the run starts).
     """
     if not manual:
         return name
-    return f"{name} ({reason or 'manual'})"
+    # Backfilled runs live under schedule_version 0 (django_app.schedules.backfill).
+    return f"{name} ({'backfill' if version == 0 else 'run now'})"
 
 
 def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path) -> bool:
@@ -193,7 +195,7 @@ def _watch(seconds: float, procs: list[subprocess.Popen[bytes]], data_dir: Path)
             jitter = (o.available_at - o.scheduled_for).total_seconds()
             print(
                 f"{o.scheduled_for:%H:%M:%S.%f}"[:-3].ljust(15),
-                f"{run_label(o.schedule.name, manual=o.manual, reason=o.reason):<36} "
+                f"{run_label(o.schedule.name, manual=o.manual, version=o.schedule_version):<36} "
                 f"{o.state:<10} {_fmt_lag(o.lag_seconds)}",
                 f" jitter +{jitter:g}s" if jitter else "",
             )

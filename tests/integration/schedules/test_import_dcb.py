@@ -13,6 +13,7 @@ from datetime import UTC, timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib import admin
 from django.core.management import call_command
 from django.test import override_settings
 
@@ -31,6 +32,10 @@ def dcb() -> Iterator[None]:
             yield
         finally:
             call_command("migrate", "django_celery_beat", "zero", verbosity=0)
+    # Installing the app ran the admin's autodiscovery, which registered django_celery_beat's
+    # models on the default site; left there, every later admin index page raised KeyError.
+    for model in [m for m in admin.site._registry if m._meta.app_label == "django_celery_beat"]:
+        admin.site.unregister(model)
 
 
 def run(*args: str) -> str:
