@@ -15,6 +15,14 @@ from django.db import models
 
 #: Django 5.1+: ``condition=``, ``log_actions`` and SQLite's ``transaction_mode`` exist.
 DJANGO_51 = django.VERSION >= (5, 1)
+#: Django 5.0+: ``Field(db_default=...)`` exists.
+DJANGO_50 = django.VERSION >= (5, 0)
+
+
+def db_default(value: Any) -> dict[str, Any]:
+    """``{"db_default": value}`` on 5.0+ (rows inserted by raw SQL get it), ``{}`` on 4.2,
+    where only the ORM's ``default`` applies (every insert path names the column)."""
+    return {"db_default": value} if DJANGO_50 else {}
 
 
 def check_constraint(*, condition: models.Q, name: str) -> models.CheckConstraint:

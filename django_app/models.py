@@ -26,7 +26,7 @@ from celery_scheduler.core.enums import (
     ScheduleKind,
     ScheduleState,
 )
-from django_app.compat import check_constraint
+from django_app.compat import check_constraint, db_default
 from django_app.querysets import OccurrenceQuerySet, OutboxQuerySet, ScheduleQuerySet
 
 
@@ -127,11 +127,11 @@ class Schedule(models.Model):
     #: gap removes, one the fall-back repeats. Intervals and one-offs keep the defaults.
     dst_gap = models.CharField(
         max_length=8, choices=_choices(DstGap), default=DstGap.SKIP.value,
-        db_default=DstGap.SKIP.value,
+        **db_default(DstGap.SKIP.value),
     )  # fmt: skip
     dst_fold = models.CharField(
         max_length=8, choices=_choices(DstFold), default=DstFold.FIRST.value,
-        db_default=DstFold.FIRST.value,
+        **db_default(DstFold.FIRST.value),
     )  # fmt: skip
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
@@ -291,11 +291,11 @@ class ScheduleVersion(models.Model):
     timezone = models.CharField(max_length=64, default="UTC")
     dst_gap = models.CharField(
         max_length=8, choices=_choices(DstGap), default=DstGap.SKIP.value,
-        db_default=DstGap.SKIP.value,
+        **db_default(DstGap.SKIP.value),
     )  # fmt: skip
     dst_fold = models.CharField(
         max_length=8, choices=_choices(DstFold), default=DstFold.FIRST.value,
-        db_default=DstFold.FIRST.value,
+        **db_default(DstFold.FIRST.value),
     )  # fmt: skip
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)

@@ -19,12 +19,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import current_app
 from celery.signals import task_prerun
 from django.db import connection
 
-from celery_scheduler import idempotent_task
-from celery_scheduler.tasks import current_occurrence_id
+from celery_scheduler import current_occurrence, idempotent_task
+from celery_scheduler.publishers import iso_utc
 from tests.chaos.effects import SCHEMA
 from tests.chaos.fate import is_poisoned, runs_long
 
@@ -35,7 +34,8 @@ _delivered: dict[str, datetime] = {}
 
 @task_prerun.connect(weak=False)
 def _on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-    if getattr(sender, "name", None) == WRAPPER and task_id:
+    # A scheduled run's prerun names the user's task (the wrapper before it traced as it).
+    if getattr(sender, "name", None) in (WRAPPER, "chaos.effect") and task_id:
         _delivered[str(task_id)] = datetime.now(UTC)
 
 
@@ -70,15 +70,14 @@ def effect(
     label: str, tenant: str, duration: float, poison: bool = False, long: float = 0.0
 ) -> dict[str, Any]:
     started = datetime.now(UTC)
-    occurrence_id = current_occurrence_id()
-    # The wrapper's own request (still on its stack while it runs our body) carries what
-    # the worker was told to run; the scheduler's tables are not consulted.
-    message = current_app.tasks[WRAPPER].request.kwargs or {}
-    schedule_id = message.get("schedule_id")
-    version = message.get("schedule_version")
-    scheduled_for = message.get("scheduled_for")
-    if not (occurrence_id and schedule_id and version is not None and scheduled_for):
-        raise RuntimeError(f"chaos.effect ran outside a scheduled occurrence: {message!r}")
+    # What the worker was told to run, from the run's own context (no table is consulted).
+    run = current_occurrence()
+    if run is None:
+        raise RuntimeError("chaos.effect ran outside a scheduled occurrence")
+    occurrence_id = run.occurrence_id
+    schedule_id = run.schedule_id
+    version = run.schedule_version
+    scheduled_for = iso_utc(run.scheduled_for)  # the message's own form
     note_attempt(occurrence_id, schedule_id, version, scheduled_for, started)
     with connection.cursor() as cursor:
         if poison and is_poisoned(schedule_id, scheduled_for):
