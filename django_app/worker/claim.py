@@ -38,6 +38,7 @@ from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL
 from django_app.db import checks
 from django_app.db.connections import reset_after_error
+from django_app.db.retry import retry_lock_conflicts
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.operations import observe
 from django_app.querysets import transition
@@ -134,6 +135,9 @@ def claim(
     return result
 
 
+# One transaction of its own: a deadlock victim (InnoDB, when claims of one tenant's group
+# lock the slot rows and wake each other's waiters) was rolled back whole and runs again.
+@retry_lock_conflicts
 def _claim(
     occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
 ) -> ClaimResult:
