@@ -391,7 +391,7 @@ def dst_policy(
 #: instants). ``earliest`` bounds every instant of this and of every later wall time from
 #: below: the instant of a time that exists once, the first of a repeated one, the end of the
 #: gap for a missing one. It grows with the wall time, which is what lets the search stop. A
-#: plain tuple: this is the materializer's hot path, and a frozen dataclass costs ~1 us more.
+#: plain tuple: this is the materializer's hot path, where a frozen dataclass costs more.
 _Wall = tuple[datetime, tuple[datetime, ...]]
 
 
@@ -480,7 +480,8 @@ class CronTrigger:
     def _search_default(self, at: datetime, wall: datetime, *, inclusive: bool) -> datetime | None:
         """SKIP and FIRST (nearly every schedule): each wall time has at most one instant and
         they grow with it, so the first one past ``at`` is the answer. The general walk gives
-        the same (the policy test checks both), at ~1-2 us more per call on the hot path."""
+        the same (the policy test checks both), but costs more per call on the hot path
+        (bench/README.md, "Cron next fire time per DST policy")."""
         candidate = self._spec.next_wall(wall)
         while candidate is not None:
             try:

@@ -483,7 +483,7 @@ class SchemaView(SpectacularAPIView):
     }
 
     #: The generated document per mount prefix: it depends on the code only, and building
-    #: it took ~125 ms, on every (unauthenticated) request.
+    #: it is slow (bench/README.md, "OpenAPI document served from memory"): built once.
     _documents: ClassVar[dict[str, Any]] = {}
 
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:

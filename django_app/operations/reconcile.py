@@ -67,8 +67,6 @@ STATUS_OF_STATE: dict[str, str] = {
     S.RETRY_WAIT: "pending",
 }
 
-Key = tuple[uuid.UUID, int, datetime]
-
 
 @dataclass(frozen=True, kw_only=True)
 class VersionWindow:
@@ -157,20 +155,6 @@ def expected_times(window: VersionWindow, start: datetime, end: datetime) -> Ite
         if t >= hi or (window.end_at is not None and t > window.end_at):
             return
         yield t
-
-
-def expected_keys(windows: Iterable[VersionWindow], start: datetime, end: datetime) -> list[Key]:
-    """Every (schedule, version, scheduled_for) that should exist in ``[start, end)``, sorted."""
-    keys = {(w.schedule_id, w.version, t) for w in windows for t in expected_times(w, start, end)}
-    return sorted(keys, key=lambda k: (k[2], str(k[0]), k[1]))
-
-
-def load_windows(schedule_ids: Iterable[uuid.UUID] | None = None) -> list[VersionWindow]:
-    """Every version of the given schedules (or of all), detached. Small sets only."""
-    rows = ScheduleVersion.objects.select_related("schedule").order_by("schedule_id", "version")
-    if schedule_ids is not None:
-        rows = rows.filter(schedule_id__in=list(schedule_ids))
-    return [_window(v, v.schedule.created_at) for v in rows]
 
 
 def _window(v: ScheduleVersion, created_at: datetime) -> VersionWindow:

@@ -10,8 +10,9 @@ locks ``size`` of them in fair order with ``FOR UPDATE OF o SKIP LOCKED`` (re-ch
 ``sent_at`` and the claim under the lock). Concurrent relays therefore still get disjoint
 batches, as long as fewer than ``POOL_FACTOR`` of them race for the same rows. The window
 sorts every due row once per batch: O(due rows) per batch, fine for a backlog of some
-tens of thousands. The burst relay (``burst_relay=1``) claims with its own query, in
-time/priority order rather than fair order.
+tens of thousands (its cost by backlog: bench/README.md, "Fair batches"). The burst relay
+(``burst_relay=1``) claims with its own query in time/priority order, then puts each wave's
+rows in the same weighted fair order wherever tenants compete (``BurstRelay._in_fair_order``).
 
 **Trigger rate** (:func:`throttle`): ``Tenant.max_trigger_rate`` messages a second for the
 tenant as a whole, whatever the number of relay processes and shards: a token bucket in the
@@ -28,10 +29,6 @@ takes its wave's tokens the same way (:mod:`django_app.relay.burst`).
 worker's claim transaction under a row lock on the tenant; a claim beyond it is deferred
 like a full concurrency cap (back to the outbox, no Attempt) and counted in
 ``tenant_throttled_total{tenant}``. For both quotas an empty value or 0 means no limit.
-
-Measured cost of the fair window (one 500-row batch, one storm tenant + one small tenant,
-this machine): PostgreSQL 7 ms at 5k due rows, 41 ms at 50k, 149 ms at 200k (plain
-time order: 2-3 ms); SQLite 13 ms at 5k, 106 ms at 50k.
 """
 
 from __future__ import annotations
