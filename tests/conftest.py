@@ -64,6 +64,54 @@ def database_family() -> str:
 #: Not yet supported on MySQL/MariaDB, skipped there with the reason (node id -> reason).
 NOT_YET_ON_MYSQL: dict[str, str] = {}
 
+#: Integration modules that use no database at all (no ``django_db`` mark, no db fixture) and
+#: whose settings do not depend on ``DATABASE_URL``: the broker clients and a command that
+#: only computes. They give the same result on every database, so they run on SQLite only
+#: (the pass that needs no server); a test of theirs that does use the database still runs
+#: everywhere. Paths relative to tests/integration/.
+ONE_DATABASE = (
+    "publishers/test_amqp_fast_publisher.py",
+    "publishers/test_redis_fast_publisher.py",
+    "publishers/test_publisher_without_redis.py",
+    "schedules/test_preview_command.py",
+)
+_DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "client", "admin_client"}
+
+
+def _uses_no_database(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return item.get_closest_marker("django_db") is None and not fixtures & _DB_FIXTURES
+
+
+#: The integration tests marked ``django_lines``: what can differ between the supported Django
+#: lines (4.2 LTS and 5.2 LTS), which the Django 4.2 pass of ``scripts/test`` runs (on SQLite).
+#: What differs between the lines is Django's own code: the admin (views, templates, forms,
+#: changelist filters), migrations and model constraints (``django_app.compat``, the SQLite
+#: backend of ``django_app.sqlite3``), request handling and forms under the HTTP API, the ORM
+#: as the public API, the tenancy rules and the management commands use it, and the query
+#: counts that pin the hot paths' statements. Left to the 5.2 passes: the broker clients
+#: (publishers/), the relay, worker, cluster and materializer internals beyond their main test
+#: module (scheduler logic over ORM calls those modules already run), concurrency tests
+#: (skipped on SQLite anyway) and the long property and fault walks. Paths are relative to
+#: tests/integration/: a directory or one module.
+DJANGO_LINES = (
+    "admin/",
+    "db/",
+    "example/",
+    "http/",
+    "schedules/",
+    "tenancy/",
+    "beat/test_beat.py",
+    "materialize/test_materializer.py",
+    "operations/test_reconcile.py",
+    "operations/test_retention.py",
+    "relay/test_relay.py",
+    "worker/test_worker_execute.py",
+    "worker/test_worker_cost.py",
+    "worker/test_idempotent_task.py",
+    "worker/test_presentation.py",
+)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     family = database_family()
@@ -71,7 +119,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_concurrent = pytest.mark.skip(
         reason="needs a concurrent database: PostgreSQL or MySQL/MariaDB (set DATABASE_URL)"
     )
+    lines = pytest.mark.django_lines
+    skip_elsewhere = pytest.mark.skip(
+        reason="uses no database: runs on the SQLite pass only (tests/conftest.py, ONE_DATABASE)"
+    )
     for item in items:
+        where = item.nodeid.split("::")[0]
+        integration = (
+            where.removeprefix("tests/integration/")
+            if where.startswith("tests/integration/")
+            else None
+        )
+        if integration is not None and integration.startswith(DJANGO_LINES):
+            item.add_marker(lines)
+        if family != "sqlite" and integration in ONE_DATABASE and _uses_no_database(item):
+            item.add_marker(skip_elsewhere)
         if "postgres" in item.keywords and family != "postgresql":
             item.add_marker(skip_pg)
         elif "concurrent_db" in item.keywords and family == "sqlite":

@@ -5,9 +5,9 @@ was doing. When that was a query, the release of the shard leases ran on the sam
 connection, whose lock the interrupted query still held: the process hung until SIGKILL and
 its shards stayed leased. Here real beat processes on PostgreSQL are stopped again and
 again, the signal landing at random points of the loop; half of the stops land while the
-heartbeat query is provably in flight (the test holds the beat's heartbeat row locked, so
-the query waits on it). Every stop must end the process within ``STOP_BOUND`` seconds and
-leave none of its shards leased.
+heartbeat query is provably in flight (the test holds the beat's heartbeat row locked and
+sees the query wait on it in ``pg_stat_activity``). Every stop must end the process within
+``STOP_BOUND`` seconds and leave none of its shards leased.
 """
 
 from __future__ import annotations
@@ -53,6 +53,16 @@ def _node_of(pid: int) -> str | None:
     return BeatNode.objects.filter(name__endswith=f":{pid}").values_list("name", flat=True).first()
 
 
+def _waiting_on(blocker: psycopg.Connection[Any]) -> bool:
+    """Whether some session (the beat's heartbeat) waits on ``blocker``'s row lock."""
+    with psycopg.connect(_conninfo(), autocommit=True) as probe:
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            [blocker.info.backend_pid],
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def test_sigterm_at_random_points_stops_within_the_bound_and_releases_the_shards(
     redis_url: str, tmp_path: Path, settings: Any
 ) -> None:
@@ -85,7 +95,14 @@ def test_sigterm_at_random_points_stops_within_the_bound_and_releases_the_shards
                 blocker.execute(
                     "SELECT 1 FROM django_app_beatnode WHERE name = %s FOR UPDATE", [node]
                 )
-                time.sleep(3.0)  # a refresh (every second) is now waiting on the lock
+                # Its refresh (every second) waits on the lock: seen in pg_stat_activity,
+                # not assumed after a fixed sleep.
+                support.wait_until(
+                    functools.partial(_waiting_on, blocker),
+                    timeout=10,
+                    interval=0.1,
+                    what=f"beat {n}'s heartbeat to wait on the lock",
+                )
             else:
                 time.sleep(rng.uniform(0.0, 2.5))
             beat.send_signal(signal.SIGTERM)

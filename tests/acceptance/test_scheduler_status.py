@@ -12,7 +12,9 @@ import json
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
@@ -35,21 +37,44 @@ LEASE = 6
 MAX_AGE = "4"
 
 
-def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def manage(env: dict[str, str], *args: str) -> CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", "scheduler_status", *args],
         cwd=support.ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
 
-def probes(env: dict[str, str], node: str) -> tuple[int, int]:
-    live = manage(env, "--liveness", "--node", node, "--max-age", MAX_AGE)
-    ready = manage(env, "--readiness", "--node", node, "--timeout", "3")
-    print(f"$ scheduler_status --liveness --node {node}  -> exit {live.returncode}")
-    print(live.stdout, end="")
-    print(f"$ scheduler_status --readiness --node {node}  -> exit {ready.returncode}")
-    print(ready.stdout, end="")
-    return live.returncode, ready.returncode
+def manage_all(env: dict[str, str], *argsets: tuple[str, ...]) -> list[CompletedProcess[str]]:
+    """``manage.py scheduler_status ARGS`` for each of ``argsets``, two processes at a time
+    (one per core: each is a Django start-up, and one after another they were most of this
+    test's time), in the order given."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda args: manage(env, *args), argsets))
+
+
+def probe_args(node: str) -> list[tuple[str, ...]]:
+    return [
+        ("--liveness", "--node", node, "--max-age", MAX_AGE),
+        ("--readiness", "--node", node, "--timeout", "3"),
+    ]
+
+
+def status_and_probes(
+    env: dict[str, str], nodes: list[str]
+) -> tuple[CompletedProcess[str], dict[str, Any], dict[str, tuple[int, int]]]:
+    """The text status, the --json status and each node's (liveness, readiness) exit codes,
+    all taken at once."""
+    text, as_json, *probed = manage_all(
+        env, (), ("--json",), *(args for node in nodes for args in probe_args(node))
+    )
+    codes = {}
+    for i, node in enumerate(nodes):
+        live, ready = probed[2 * i], probed[2 * i + 1]
+        for name, result in (("liveness", live), ("readiness", ready)):
+            print(f"$ scheduler_status --{name} --node {node}  -> exit {result.returncode}")
+            print(result.stdout, end="")
+        codes[node] = (live.returncode, ready.returncode)
+    return text, json.loads(as_json.stdout), codes
 
 
 def node_of(process: subprocess.Popen[bytes]) -> str:
@@ -84,15 +109,14 @@ def test_status_and_probes_of_a_healthy_and_a_stopped_beat(
             timeout=60,
             what="the shards to be shared",
         )
-        healthy = manage(env)
+        healthy, report, codes = status_and_probes(env, [first, second])
         print("$ scheduler_status   (healthy)\n" + healthy.stdout)
         assert healthy.returncode == 0, healthy.stderr
-        report = json.loads(manage(env, "--json").stdout)
         assert {n["name"] for n in report["nodes"] if n["alive"]} == {first, second}
         assert report["unowned_shards"] == []
         assert sum(len(n["shards"]) for n in report["nodes"]) == SHARDS
-        assert probes(env, first) == (0, 0)
-        assert probes(env, second) == (0, 0)
+        assert codes[first] == (0, 0)
+        assert codes[second] == (0, 0)
 
         beats[1].send_signal(signal.SIGSTOP)
         try:
@@ -107,15 +131,14 @@ def test_status_and_probes_of_a_healthy_and_a_stopped_beat(
                 timeout=LEASE * 4,
                 what="the stopped node's leases to lapse",
             )
-            stopped = manage(env)
+            stopped, report, codes = status_and_probes(env, [first, second])
             print("$ scheduler_status   (second beat SIGSTOPped)\n" + stopped.stdout)
             assert stopped.returncode == 0, stopped.stderr
-            report = json.loads(manage(env, "--json").stdout)
             by_name = {n["name"]: n for n in report["nodes"]}
             assert by_name[first]["alive"]
             assert by_name[first]["shards"]
             assert by_name[second]["shards"] == []
-            assert probes(env, first) == (0, 0)
-            assert probes(env, second) == (1, 1)
+            assert codes[first] == (0, 0)
+            assert codes[second] == (1, 1)
         finally:
             beats[1].send_signal(signal.SIGCONT)

@@ -4,6 +4,14 @@ values), and the schedule add and change forms with the hostile-input table in e
 
 Complements ``test_admin_malformed_params.py`` (list filters of issue 15). Counts the
 requests it sends; each answer must be a page, a redirect, 400, 403 or 404.
+
+The whole query-string walk (every page x every key x every value, 2 x ~1,700 requests) runs
+on PostgreSQL, the strictest of the three about values (NUL bytes, integer range, dates).
+SQLite and MariaDB get a sample of it that still sends every value to every page and every
+key to every page (a value per key in turn, a key per value in turn), and every hostile value
+in every form field (the saves, where the databases differ most: lengths, encodings, ranges),
+the add and the change form taking turns (1,207 -> 782 requests per user there; 2,236 on
+PostgreSQL).
 """
 
 # ruff: noqa: F811
@@ -14,6 +22,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
+from django.db import connection
 from django.urls import reverse
 
 from django_app.models import Schedule
@@ -64,6 +73,22 @@ def _app_urls(schedule: Schedule) -> list[str]:
     return sorted(set(urls))
 
 
+def _query_strings(full: bool) -> list[tuple[str, str]]:
+    """Every (key, value) pair, or a sample in which each key and each value still occurs."""
+    if full:
+        return [(key, value) for key in QUERY_KEYS for value in QUERY_VALUES]
+    pairs = [(key, QUERY_VALUES[i % len(QUERY_VALUES)]) for i, key in enumerate(QUERY_KEYS)]
+    pairs += [(QUERY_KEYS[(i + 1) % len(QUERY_KEYS)], v) for i, v in enumerate(QUERY_VALUES)]
+    return sorted(set(pairs))
+
+
+def test_the_sample_sends_every_key_and_every_value() -> None:
+    sample = _query_strings(full=False)
+    assert {key for key, _ in sample} == set(QUERY_KEYS)
+    assert {value for _, value in sample} == set(QUERY_VALUES)
+    assert len(sample) < len(_query_strings(full=True)) / 3
+
+
 def _status(client: Any, method: str, url: str, data: dict[str, str]) -> int:
     response = getattr(client, method)(url, data)
     if response.status_code == 302 and response["Location"].startswith(url.split("?")[0]):
@@ -80,19 +105,23 @@ def test_no_admin_page_answers_500_to_odd_query_strings_or_hostile_forms(
     schedule = make_schedule("acme", name="walked")
     failures: list[str] = []
     sent = 0
+    full = connection.vendor == "postgresql"
+    query_strings = _query_strings(full=full)
     for url in _app_urls(schedule):
-        for key in QUERY_KEYS:
-            for value in QUERY_VALUES:
-                status = _status(client, "get", url, {key: value})
-                sent += 1
-                if status not in (200, 302, 400, 403, 404):
-                    failures.append(f"GET {url} {key}={value[:20]!r}: HTTP {status}")
+        for key, value in query_strings:
+            status = _status(client, "get", url, {key: value})
+            sent += 1
+            if status not in (200, 302, 400, 403, 404):
+                failures.append(f"GET {url} {key}={value[:20]!r}: HTTP {status}")
     add = reverse("admin:django_app_schedule_add")
     change = reverse("admin:django_app_schedule_change", args=[schedule.pk])
     fields = [k for k in form_data() if k != "tenant"]
-    for field in fields:
-        for value in HOSTILE:
-            for url, data in ((add, form_data()), (change, edit_data(schedule))):
+    for i, field in enumerate(fields):
+        for j, value in enumerate(HOSTILE):
+            views = [(add, form_data()), (change, edit_data(schedule))]
+            if not full:  # the sample: add and change take turns, each pair goes to one
+                views = [views[(i + j) % 2]]
+            for url, data in views:
                 status = _status(client, "post", url, {**data, field: value})
                 sent += 1
                 if status not in (200, 302, 400, 403, 404):
