@@ -8,6 +8,7 @@ exactly the same fire times.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,8 +35,9 @@ DAY = timedelta(days=1)
 #: Every schedule fires at 09:00 or 15:00 UTC; the drive steps through those instants.
 HOURS = (9, 15)
 
-#: What ran: (schedule name, fire time, manual), through the real claim and complete.
-Ran = set[tuple[str, datetime, bool]]
+#: What ran, counted: (schedule name, fire time, manual) -> runs through the real claim and
+#: complete (a count, so a time that runs twice shows).
+Ran = Counter[tuple[str, datetime, bool]]
 
 
 def drive(
@@ -45,7 +47,7 @@ def drive(
     and run every published message through the real claim and complete; with
     ``prune_days`` a prune at that age after each day (the README's daily command)."""
     publisher = RecordingPublisher()
-    ran: Ran = set()
+    ran: Ran = Counter()
     seen = 0
     for day in range(days):
         on_day(day)
@@ -64,7 +66,7 @@ def drive(
                     occ = Occurrence.objects.select_related("schedule").get(
                         pk=message.occurrence_id
                     )
-                    ran.add((occ.schedule.name, occ.scheduled_for, occ.manual))
+                    ran[(occ.schedule.name, occ.scheduled_for, occ.manual)] += 1
             seen = len(publisher.sent)
         if prune_days is not None:
             clock.set(base + DAY - timedelta(minutes=1))
@@ -86,6 +88,49 @@ def test_a_skip_made_further_ahead_than_the_retention_age_still_skips() -> None:
     assert api.describe_schedule(s.id, clock=clock).skipped_times == [skipped]
     # Once the cursor has passed it, the marker is history and goes like any other row.
     assert not Occurrence.objects.filter(schedule_id=s.id, scheduled_for=skipped).exists()
+
+
+def test_a_run_now_key_still_runs_once_after_its_occurrence_is_pruned() -> None:
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    first_id = api.run_now(s.id, idempotency_key="deploy-42", clock=clock).id
+    answers: list[Occurrence] = []
+
+    def on_day(day: int) -> None:
+        if day == 5:  # the key's occurrence ran on day 0 and is pruned by now (age 2 days)
+            clock.set(START + day * DAY + timedelta(hours=8))
+            answers.append(api.run_now(s.id, idempotency_key="deploy-42", clock=clock))
+
+    ran = drive(clock, 7, prune_days=2, on_day=on_day)
+
+    manual = sorted(at for _, at, is_manual in ran.elements() if is_manual)
+    assert manual == [START], f"the pruned key ran again: {manual}"
+    # The answer is the first call's occurrence as retention last saw it.
+    (again,) = answers
+    assert (again.id, again.state, again.scheduled_for) == (first_id, "SUCCEEDED", START)
+
+
+def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    refused: list[errors.ValidationError] = []
+
+    def on_day(day: int) -> None:
+        if day in (1, 8):  # the same range twice; its runs are pruned in between
+            clock.set(START + day * DAY + timedelta(hours=8))
+            try:
+                api.backfill(s.id, start=START - 3 * DAY, end=START + DAY, clock=clock)
+            except errors.ValidationError as exc:
+                refused.append(exc)
+
+    ran = drive(clock, 10, prune_days=2, on_day=on_day)
+
+    backfilled = sorted(at for _, at, is_manual in ran.elements() if is_manual)
+    assert backfilled == [START - n * DAY + timedelta(hours=9) for n in (3, 2, 1)], (
+        f"a backfill over pruned history ran times again: {backfilled}"
+    )
+    # The second backfill is refused whole, naming the span retention deleted from.
+    assert [(e.field, "retention deleted" in str(e)) for e in refused] == [("start", True)]
 
 
 # --- the property: the same operations with and without retention run the same times ---
