@@ -15,10 +15,10 @@ re-run a dead one). Missed, canceled and skipped times are backfilled.
 Pruned history. Retention deletes old occurrences, so "no row that ran" may mean "ran, and
 its row is gone". Retention records per schedule the span of ``scheduled_for`` it deleted
 from (:class:`~django_app.models.PrunedHistory`); a backfill that would run a time inside
-that span is refused whole (``ValidationError`` on ``start``, naming the span), and runs
-nothing. Times the rows still show as ran or backfilled are left out as always, so a range
-whose every fire time is accounted for proceeds. The rows are read before the span: a
-prune committing in between makes the answer more cautious, never wrong.
+that span is refused whole (``HistoryPruned``, a ValidationError on ``start`` naming the
+span) and runs nothing. Times the rows still show as ran or backfilled are left out as
+always, so a range whose every fire time is accounted for proceeds. The rows are read
+before the span: a prune committing in between makes the answer more cautious, never wrong.
 
 Pacing. With the tenant's ``catchup_rate`` (per minute), the created occurrences become
 publishable one per ``60 / rate`` seconds in consecutive slots reserved from the tenant's
@@ -138,13 +138,12 @@ def _refuse_pruned(schedule: Schedule, wanted: list[datetime]) -> None:
         return
     unknown = [t for t in wanted if span.first <= t <= span.through]
     if unknown:
-        raise errors.ValidationError(
+        raise errors.HistoryPruned(
             f"retention deleted this schedule's runs scheduled between "
             f"{span.first.isoformat()} and {span.through.isoformat()}, so backfill cannot tell "
             f"whether {len(unknown)} fire times of the range in that span ran (the first: "
             f"{unknown[0].isoformat()}); nothing was backfilled. Start after "
-            f"{span.through.isoformat()}, or run a time again on purpose with run_now",
-            field="start",
+            f"{span.through.isoformat()}, or run a time again on purpose with run_now"
         )
 
 

@@ -136,37 +136,44 @@ def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
 # --- the property: the same operations with and without retention run the same times ---
 
 CRONS = ("0 9 * * *", "0 15 * * *", "0 9,15 * * *", "0 9 */2 * *", "0 15 * * 1-5")
+KINDS = ["skip", "skip", "pause", "resume", "update", "run_now", "keyed", "keyed", "backfill"]
 
 
 @dataclass(frozen=True)
 class Op:
     day: int
-    kind: str  # skip / pause / resume / update / run_now
+    kind: str  # skip / pause / resume / update / run_now / keyed (run now with a key) / backfill
     schedule: int
-    ahead: int  # skip: days ahead of the op's day; update: index of the new cron
+    ahead: int  # skip: days ahead; update: the new cron; keyed: the key; backfill: days back
     hour: int
+    length: int  # backfill: days in the range
 
 
 ops_strategy = st.lists(
     st.builds(
         Op,
         day=st.integers(0, 15),
-        kind=st.sampled_from(["skip", "skip", "pause", "resume", "update", "run_now"]),
+        kind=st.sampled_from(KINDS),
         schedule=st.integers(0, 2),
         ahead=st.integers(0, 15),
         hour=st.sampled_from(HOURS),
+        length=st.integers(1, 4),
     ),
-    max_size=12,
+    max_size=14,
 )
 
 
-def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> None:
+def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> bool:
+    """Apply ``op``; False when a backfill was refused for pruned history."""
     sid = schedules[op.schedule % len(schedules)].id
     try:
         with transaction.atomic():  # a refused op rolls back alone
             _call(op, sid, clock)
+    except errors.HistoryPruned:
+        return False
     except errors.SchedulerError:
         pass  # not a fire time, already paused...: refused the same way in both runs
+    return True
 
 
 def _call(op: Op, sid: Any, clock: FrozenClock) -> None:
@@ -179,34 +186,42 @@ def _call(op: Op, sid: Any, clock: FrozenClock) -> None:
         api.resume_schedule(sid, clock=clock)
     elif op.kind == "update":
         api.update_schedule(sid, cron=CRONS[op.ahead % len(CRONS)], clock=clock)
+    elif op.kind == "keyed":  # three keys, so keys repeat across days, before and after pruning
+        api.run_now(sid, idempotency_key=f"k{op.ahead % 3}", clock=clock)
+    elif op.kind == "backfill":  # ranges from before the schedules existed up to now
+        start = START + (op.day - op.ahead) * DAY
+        end = min(start + op.length * DAY, clock.now())
+        api.backfill(sid, start=start, end=end, clock=clock)
     else:
         api.run_now(sid, clock=clock)
 
 
-def _run_world(crons: list[str], ops: list[Op], prune_days: int | None) -> Ran:
+def _run_world(crons: list[str], ops: list[Op], prune_days: int | None) -> tuple[Ran, list[int]]:
     # Rolled back at the end: the next world (and example) starts from an empty database.
     with transaction.atomic():
-        ran = _world(crons, ops, prune_days)
+        ran, refused = _world(crons, ops, prune_days)
         transaction.set_rollback(True)
-    return ran
+    return ran, refused
 
 
-def _world(crons: list[str], ops: list[Op], prune_days: int | None) -> Ran:
+def _world(crons: list[str], ops: list[Op], prune_days: int | None) -> tuple[Ran, list[int]]:
     clock = FrozenClock(START)
     schedules = [
         api.create_schedule(name=f"s{i}", task="billing.ping", cron=cron, clock=clock)
         for i, cron in enumerate(crons)
     ]
-    by_day: dict[int, list[Op]] = {}
-    for op in ops:
-        by_day.setdefault(op.day, []).append(op)
+    by_day: dict[int, list[tuple[int, Op]]] = {}
+    for index, op in enumerate(ops):
+        by_day.setdefault(op.day, []).append((index, op))
+    refused: list[int] = []
 
     def on_day(day: int) -> None:
         clock.set(START + day * DAY + timedelta(hours=8))
-        for op in by_day.get(day, []):
-            _apply(op, schedules, clock)
+        for index, op in by_day.get(day, []):
+            if not _apply(op, schedules, clock):
+                refused.append(index)
 
-    return drive(clock, 20, prune_days=prune_days, on_day=on_day)
+    return drive(clock, 20, prune_days=prune_days, on_day=on_day), refused
 
 
 @settings(
@@ -223,6 +238,11 @@ def _world(crons: list[str], ops: list[Op], prune_days: int | None) -> Ran:
 def test_retention_at_any_age_runs_the_same_fire_times(
     crons: list[str], ops: list[Op], prune_days: int
 ) -> None:
-    without = _run_world(crons, ops, None)
-    with_retention = _run_world(crons, ops, prune_days)
+    """With retention, every operation does what it does without, or (a backfill reaching
+    into pruned history) is refused and does nothing: the same fire times run, each as
+    often, as in a world without retention and without the refused backfills."""
+    with_retention, refused = _run_world(crons, ops, prune_days)
+    kept = [op for index, op in enumerate(ops) if index not in refused]
+    without, refused_without = _run_world(crons, kept, None)
+    assert refused_without == []
     assert with_retention == without
