@@ -7,16 +7,19 @@ retention: the HTTP API, the admin's run-now action and ``manage.py schedules ba
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.apps import apps as django_apps
 from django.core.management import CommandError, call_command
+from django.db import transaction
 
-from celery_scheduler import api
-from django_app.models import Occurrence, OutboxEntry, PrunedHistory
+from celery_scheduler import api, errors
+from django_app.models import ManualRunKey, Occurrence, OutboxEntry, PrunedHistory
 from django_app.operations import retention
 from tests.integration.admin.test_admin_guards import _hidden, messages_of
 from tests.integration.admin.test_admin_schedules import LIST
@@ -88,3 +91,56 @@ def test_cli_backfill_over_pruned_history_is_refused_naming_start() -> None:
 
     assert refused.value.returncode == 2
     assert not Occurrence.objects.filter(schedule_id=s.id).exists()
+
+
+@pytest.mark.django_db
+def test_a_partition_drop_that_calls_record_pruned_keeps_keys_and_refuses_backfill() -> None:
+    """The partition path: record_pruned over a range of scheduled_for, then the rows go
+    (here a plain delete stands in for detaching the partition)."""
+    now = datetime.now(UTC)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 * * * *")
+    start, end = now - timedelta(hours=6), now - timedelta(hours=2)
+    created = api.backfill(s.id, start=start, end=end).created
+    keyed = api.run_now(s.id, idempotency_key="k")
+    ids = [*created, keyed.id]
+    Occurrence.objects.filter(id__in=ids).update(state="SUCCEEDED", finished_at=now)
+    lo, hi = start - timedelta(hours=1), now + timedelta(hours=1)  # the "partition"
+    times = sorted(
+        Occurrence.objects.filter(schedule_id=s.id).values_list("scheduled_for", flat=True)
+    )
+
+    with transaction.atomic():
+        retention.record_pruned(
+            Occurrence.objects.filter(scheduled_for__gte=lo, scheduled_for__lt=hi)
+        )
+        OutboxEntry.objects.filter(occurrence_id__in=ids).delete()
+        Occurrence.objects.filter(scheduled_for__gte=lo, scheduled_for__lt=hi).delete()
+
+    span = PrunedHistory.objects.get(schedule_id=s.id)
+    assert (span.first, span.through) == (times[0], times[-1])
+    again = api.run_now(s.id, idempotency_key="k")
+    assert (again.id, again.state, again._state.adding) == (keyed.id, "SUCCEEDED", True)
+    with pytest.raises(errors.HistoryPruned):
+        api.backfill(s.id, start=start, end=end)
+    assert not Occurrence.objects.filter(schedule_id=s.id).exists()
+
+
+@pytest.mark.django_db
+def test_the_migration_writes_a_key_row_for_each_keyed_run_now_that_exists() -> None:
+    migration = importlib.import_module("django_app.migrations.0019_ret_pruned_history")
+    now = datetime.now(UTC)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 * * * *")
+    keyed = api.run_now(s.id, idempotency_key="deploy-1")
+    api.run_now(s.id)  # unkeyed: no key row
+    api.backfill(s.id, start=now - timedelta(hours=3), end=now - timedelta(hours=1))
+    ManualRunKey.objects.all().delete()  # as before the migration
+
+    migration.keyed_run_now_rows(django_apps, None)
+
+    (row,) = ManualRunKey.objects.all()
+    assert (row.occurrence_id, row.schedule_id, row.scheduled_for, row.state) == (
+        keyed.id,
+        s.id,
+        keyed.scheduled_for,
+        "",
+    )
