@@ -458,8 +458,11 @@ class PrunedHistory(models.Model):
     backfill that would have to run one is refused instead of guessing. Never aged out.
     """
 
+    # No database foreign key: checking one would take a share lock on the schedule row from
+    # inside a prune batch that holds occurrence locks, and a replay (schedule, then
+    # occurrence) would deadlock with it. Django still deletes the row with its schedule.
     schedule = models.OneToOneField(
-        Schedule, on_delete=models.CASCADE, primary_key=True, related_name="+"
+        Schedule, on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
     )
     first = models.DateTimeField()
     through = models.DateTimeField()

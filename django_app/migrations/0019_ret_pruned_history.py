@@ -46,7 +46,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='PrunedHistory',
             fields=[
-                ('schedule', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='+', serialize=False, to='django_app.schedule')),
+                ('schedule', models.OneToOneField(db_constraint=False, on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='+', serialize=False, to='django_app.schedule')),
                 ('first', models.DateTimeField()),
                 ('through', models.DateTimeField()),
             ],
