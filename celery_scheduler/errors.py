@@ -26,6 +26,13 @@ class ValidationError(SchedulerError, ValueError):
             self.field = field
 
 
+class HistoryPruned(ValidationError):
+    """A backfill would have to run a fire time whose history retention deleted: that time
+    may have run under a row that is gone, so nothing was backfilled."""
+
+    field = "start"
+
+
 class InvalidCronExpression(ValidationError):
     field = "cron"
 

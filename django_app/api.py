@@ -344,7 +344,9 @@ def run_now(
     Args:
         idempotency_key: The same key for the same schedule returns the occurrence the
             first call created instead of running again (a double click, a retried
-            request). Without it every call is a new run.
+            request), at any age: once retention has pruned that occurrence, it is rebuilt
+            (unsaved) from the key's record with its final state. Without it every call
+            is a new run.
     """
     who, why = audit.check(actor, reason)
     occurrence = lifecycle.run_now(schedule_id, idempotency_key=idempotency_key, clock=clock)
@@ -630,6 +632,8 @@ def backfill(
     the tenant's backfills still waiting), all at once without a rate. Backfill runs
     even while the schedule is paused (like run now; cancel the schedule to stop it),
     does not count against ``max_runs`` and is not expected by the reconciler.
+    ``HistoryPruned`` (a ``ValidationError`` on ``start``, nothing created) when it would
+    have to run a time inside the span whose history retention deleted.
 
     Args:
         start, end: Aware datetimes, ``start < end <= now``; at most 10,000 fire times.

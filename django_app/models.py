@@ -448,6 +448,52 @@ class SkippedSpan(models.Model):
         return f"{self.schedule_id} v{self.schedule_version} [{self.first_at}, {self.resume_at})"
 
 
+class PrunedHistory(models.Model):
+    """What retention took of a schedule's history: every occurrence of the schedule it ever
+    deleted had its ``scheduled_for`` in ``[first, through]``.
+
+    Written by :func:`django_app.operations.retention.record_pruned` in the transaction that
+    deletes the rows (a prune batch, a dropped partition). Backfill reads it: a fire time in
+    the span whose rows do not show it ran may have run under a row that is gone, so a
+    backfill that would have to run one is refused instead of guessing. Never aged out.
+    """
+
+    # No database foreign key: checking one would take a share lock on the schedule row from
+    # inside a prune batch that holds occurrence locks, and a replay (schedule, then
+    # occurrence) would deadlock with it. Django still deletes the row with its schedule.
+    schedule = models.OneToOneField(
+        Schedule, on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
+    )
+    first = models.DateTimeField()
+    through = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} pruned [{self.first}, {self.through}]"
+
+
+class ManualRunKey(models.Model):
+    """One ``run_now(idempotency_key=K)``: the occurrence it created, kept after retention
+    prunes that occurrence, so K never creates a second run.
+
+    ``occurrence_id`` is ``manual_occurrence_id(schedule, K)``, written with the occurrence.
+    ``state`` and ``finished_at`` are empty while the occurrence exists; retention copies
+    them here when it deletes it (:func:`django_app.operations.retention.record_pruned`),
+    and run now answers a repeated K from this row. Never aged out (one narrow row per
+    keyed run, deleted with its schedule).
+    """
+
+    occurrence_id = models.UUIDField(primary_key=True)
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="+")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    schedule_version = models.PositiveIntegerField()
+    scheduled_for = models.DateTimeField()
+    state = models.CharField(max_length=16, blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return str(self.occurrence_id)
+
+
 class Attempt(models.Model):
     """One delivery/processing try of an occurrence, under one fencing token."""
 

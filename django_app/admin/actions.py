@@ -19,7 +19,7 @@ from django.utils.translation import ngettext
 from celery_scheduler import errors
 from celery_scheduler.core import ids
 from django_app.compat import log_change
-from django_app.models import Occurrence, Schedule
+from django_app.models import ManualRunKey, Occurrence, Schedule
 
 #: verb -> (API function name, past tense for messages)
 SCHEDULE_VERBS: dict[str, tuple[str, str]] = {
@@ -125,7 +125,8 @@ def run_now(
 
 
 def _already_run(schedule: Schedule, key: str) -> bool:
-    return Occurrence.objects.filter(pk=ids.manual_occurrence_id(schedule.pk, key)).exists()
+    # The key's record, not the occurrence: retention may have pruned that.
+    return ManualRunKey.objects.filter(pk=ids.manual_occurrence_id(schedule.pk, key)).exists()
 
 
 def _links(runs: list[tuple[Schedule, Occurrence]]) -> str:

@@ -19,6 +19,11 @@ What may go, and why only that:
   door to a duplicate effect when a late redelivery of that occurrence arrives.
 - ScheduleVersion rows are kept: the reconciler recomputes expected occurrences from them.
 
+What must be written before anything goes, in the same transaction: :func:`record_pruned`.
+Two decisions read history (run now with an idempotency key, backfill's "already ran"), and
+that function leaves them what they need once the rows are gone. Every path that deletes
+occurrences (these batches, a dropped partition) calls it.
+
 Each batch is its own short transaction (select at most ``batch_size`` ids, locked with
 ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, then delete by id), so a running scheduler waits
 at most one batch for any row and a worker touching a row is skipped, not blocked on.
@@ -32,15 +37,24 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.errors import ValidationError
-from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry, Schedule
+from django_app.models import (
+    Attempt,
+    IdempotencyRecord,
+    ManualRunKey,
+    Occurrence,
+    OutboxEntry,
+    PrunedHistory,
+    Schedule,
+)
 
 #: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
 PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
+_SPAN_CHUNK = 5_000  # schedules per PrunedHistory read (a partition holds many)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,6 +234,7 @@ def _delete_occurrence_batch(state: str, cutoff: datetime, size: int) -> tuple[i
         ids = list(candidates.values_list("id", flat=True)[:size])
         if not ids:
             return 0, 0, 0
+        record_pruned(Occurrence.objects.filter(id__in=ids))
         attempts, _ = Attempt.objects.filter(occurrence_id__in=ids).delete()
         sent = OutboxEntry.objects.filter(occurrence_id__in=ids, sent_at__isnull=False)
         outbox, _ = sent.delete()
@@ -237,3 +252,56 @@ def _delete_idempotency_batch(cutoff: datetime, size: int) -> int:
             return 0
         deleted, _ = IdempotencyRecord.objects.filter(id__in=ids).delete()
         return deleted
+
+
+def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
+    """The bookkeeping owed before ``occurrences`` are deleted; call it in the deleting
+    transaction, before the delete, with exactly the rows that go.
+
+    Retention calls it per batch (``Occurrence.objects.filter(id__in=batch_ids)``); a
+    partition drop calls it with the partition's range (``Occurrence.objects.filter(
+    scheduled_for__gte=lo, scheduled_for__lt=hi)``) before detaching it. Either way the rows
+    must be ones the retention rules allow (terminal, outbox sent, behind the cursor): this
+    function does not check. It does two things:
+
+    - widens each schedule's :class:`PrunedHistory` span ``[first, through]`` to cover the
+      rows' ``scheduled_for`` (backfill refuses to guess inside it);
+    - copies the final ``state`` and ``finished_at`` of the keyed run-now occurrences among
+      them into their :class:`ManualRunKey` rows (run now answers a repeated key from there).
+
+    Their Attempt and OutboxEntry rows and IdempotencyRecord rows need nothing: no decision
+    to run reads them once the occurrence is terminal.
+    """
+    spans = {
+        row["schedule_id"]: (row["lo"], row["hi"])
+        for row in occurrences.order_by()
+        .values("schedule_id")
+        .annotate(lo=Min("scheduled_for"), hi=Max("scheduled_for"))
+    }
+    ordered = sorted(spans)
+    for i in range(0, len(ordered), _SPAN_CHUNK):
+        _widen_spans({sid: spans[sid] for sid in ordered[i : i + _SPAN_CHUNK]})
+    gone = occurrences.filter(id=OuterRef("occurrence_id"))
+    ManualRunKey.objects.filter(state="").filter(Exists(gone)).update(
+        state=Subquery(gone.values("state")[:1]),
+        finished_at=Subquery(gone.values("finished_at")[:1]),
+    )
+
+
+def _widen_spans(spans: dict[Any, tuple[datetime, datetime]]) -> None:
+    # Insert what is new, then widen under the row locks: a concurrent prune of the same
+    # schedule (a batch and a partition drop) waits on the insert or the lock, never loses
+    # its span. Locked in schedule order so two such prunes cannot deadlock.
+    PrunedHistory.objects.bulk_create(
+        [PrunedHistory(schedule_id=sid, first=lo, through=hi) for sid, (lo, hi) in spans.items()],
+        ignore_conflicts=True,
+    )
+    rows = PrunedHistory.objects.select_for_update().filter(schedule_id__in=list(spans))
+    changed = []
+    for row in rows.order_by("schedule_id"):
+        lo, hi = spans[row.schedule_id]
+        if lo < row.first or hi > row.through:
+            row.first, row.through = min(row.first, lo), max(row.through, hi)
+            changed.append(row)
+    if changed:
+        PrunedHistory.objects.bulk_update(changed, ["first", "through"])

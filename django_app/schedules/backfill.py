@@ -12,6 +12,14 @@ Times that already ran under the schedule are left out: a time with an occurrenc
 version that is pending, running, succeeded or dead (``replay_occurrence`` is the way to
 re-run a dead one). Missed, canceled and skipped times are backfilled.
 
+Pruned history. Retention deletes old occurrences, so "no row that ran" may mean "ran, and
+its row is gone". Retention records per schedule the span of ``scheduled_for`` it deleted
+from (:class:`~django_app.models.PrunedHistory`); a backfill that would run a time inside
+that span is refused whole (``HistoryPruned``, a ValidationError on ``start`` naming the
+span) and runs nothing. Times the rows still show as ran or backfilled are left out as
+always, so a range whose every fire time is accounted for proceeds. The rows are read
+before the span: a prune committing in between makes the answer more cautious, never wrong.
+
 Pacing. With the tenant's ``catchup_rate`` (per minute), the created occurrences become
 publishable one per ``60 / rate`` seconds in consecutive slots reserved from the tenant's
 shared catch-up budget (:func:`django_app.tenancy.budget.reserve_catchup`, the same one the
@@ -39,7 +47,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import OverlapPolicy, ScheduleState
 from celery_scheduler.core.timemath import fire_times
-from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.models import Occurrence, OutboxEntry, PrunedHistory, Schedule, Tenant
 from django_app.schedules import validation
 from django_app.schedules.reads import BACKFILL_REASON, get_schedule
 from django_app.tenancy import budget
@@ -95,6 +103,7 @@ def backfill(
         already_backfilled = {t for v, t, _ in done if v == BACKFILL_VERSION}
         already_ran = {t for v, t, state in done if v != BACKFILL_VERSION and state in _RAN}
         wanted = [t for t in times if t not in already_backfilled and t not in already_ran]
+        _refuse_pruned(schedule, wanted)
         slots = _release_slots(schedule, len(wanted), now)
         rows = [_row(schedule, t, at, policy, now) for t, at in zip(wanted, slots, strict=True)]
         from django_app.materialize.per_schedule import insert_ignore
@@ -119,6 +128,22 @@ def backfill(
             already_ran=len(already_ran & set(times)),
             releases_from=min(releases) if releases else None,
             releases_until=max(releases) if releases else None,
+        )
+
+
+def _refuse_pruned(schedule: Schedule, wanted: list[datetime]) -> None:
+    """Refuse when a time to run lies where retention deleted rows that could say it ran."""
+    span = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
+    if span is None:
+        return
+    unknown = [t for t in wanted if span.first <= t <= span.through]
+    if unknown:
+        raise errors.HistoryPruned(
+            f"retention deleted this schedule's runs scheduled between "
+            f"{span.first.isoformat()} and {span.through.isoformat()}, so backfill cannot tell "
+            f"whether {len(unknown)} fire times of the range in that span ran (the first: "
+            f"{unknown[0].isoformat()}); nothing was backfilled. Start after "
+            f"{span.through.isoformat()}, or run a time again on purpose with run_now"
         )
 
 

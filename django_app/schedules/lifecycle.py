@@ -35,6 +35,7 @@ from celery_scheduler.core.states import UNCLAIMED
 from django_app import conf
 from django_app.db.retry import retry_lock_conflicts
 from django_app.models import (
+    ManualRunKey,
     Occurrence,
     OutboxEntry,
     Schedule,
@@ -548,7 +549,9 @@ def run_now(
     """A one-off manual occurrence with its own id, delivered through the outbox.
 
     With ``idempotency_key`` the id comes from (schedule, key): asking again with the same
-    key returns the occurrence the first request created, whatever became of it.
+    key returns the occurrence the first request created, whatever became of it. Once
+    retention has pruned that occurrence, the answer is rebuilt from its ManualRunKey row
+    (its id, time and final state; not saved) and nothing runs again.
     """
     now = (clock or SYSTEM_CLOCK).now()
     if idempotency_key is not None:
@@ -562,6 +565,11 @@ def run_now(
             existing = Occurrence.objects.filter(pk=occ_id).first()
             if existing is not None:
                 return existing
+            # Read after the occurrence: retention writes the key's final state in the
+            # transaction that deletes the occurrence, so a miss above finds it here.
+            pruned = ManualRunKey.objects.filter(pk=occ_id).first()
+            if pruned is not None:
+                return _pruned_run(pruned)
         else:
             occ_id = ids.occurrence_id(schedule.id, schedule.version, now)
         if schedule.state == ScheduleState.CANCELED:
@@ -575,7 +583,21 @@ def run_now(
             occurrence=occurrence, tenant_id=schedule.tenant_id, shard=schedule.shard,
             available_at=now, priority=schedule.priority,
         )  # fmt: skip
+        if idempotency_key is not None:
+            ManualRunKey.objects.create(
+                occurrence_id=occ_id, schedule=schedule, tenant_id=schedule.tenant_id,
+                schedule_version=schedule.version, scheduled_for=now,
+            )  # fmt: skip
         return occurrence
+
+
+def _pruned_run(key: ManualRunKey) -> Occurrence:
+    return Occurrence(
+        id=key.occurrence_id, schedule_id=key.schedule_id, tenant_id=key.tenant_id,
+        schedule_version=key.schedule_version, scheduled_for=key.scheduled_for,
+        available_at=key.scheduled_for, state=key.state, manual=True, reason="run now",
+        finished_at=key.finished_at,
+    )  # fmt: skip
 
 
 def _locked(schedule_id: uuid.UUID | str) -> Schedule:

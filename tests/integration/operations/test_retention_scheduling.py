@@ -8,6 +8,7 @@ exactly the same fire times.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,8 +36,9 @@ DAY = timedelta(days=1)
 #: Every schedule fires at 09:00 or 15:00 UTC; the drive steps through those instants.
 HOURS = (9, 15)
 
-#: What ran: (schedule name, fire time, manual), through the real claim and complete.
-Ran = set[tuple[str, datetime, bool]]
+#: What ran, counted: (schedule name, fire time, manual) -> runs through the real claim and
+#: complete (a count, so a time that runs twice shows).
+Ran = Counter[tuple[str, datetime, bool]]
 
 
 def drive(
@@ -46,7 +48,7 @@ def drive(
     and run every published message through the real claim and complete; with
     ``prune_days`` a prune at that age after each day (the README's daily command)."""
     publisher = RecordingPublisher()
-    ran: Ran = set()
+    ran: Ran = Counter()
     seen = 0
     for day in range(days):
         on_day(day)
@@ -65,7 +67,7 @@ def drive(
                     occ = Occurrence.objects.select_related("schedule").get(
                         pk=message.occurrence_id
                     )
-                    ran.add((occ.schedule.name, occ.scheduled_for, occ.manual))
+                    ran[(occ.schedule.name, occ.scheduled_for, occ.manual)] += 1
             seen = len(publisher.sent)
         if prune_days is not None:
             clock.set(base + DAY - timedelta(minutes=1))
@@ -89,40 +91,95 @@ def test_a_skip_made_further_ahead_than_the_retention_age_still_skips() -> None:
     assert not Occurrence.objects.filter(schedule_id=s.id, scheduled_for=skipped).exists()
 
 
+def test_a_run_now_key_still_runs_once_after_its_occurrence_is_pruned() -> None:
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    first_id = api.run_now(s.id, idempotency_key="deploy-42", clock=clock).id
+    answers: list[Occurrence] = []
+
+    def on_day(day: int) -> None:
+        if day == 5:  # the key's occurrence ran on day 0 and is pruned by now (age 2 days)
+            clock.set(START + day * DAY + timedelta(hours=8))
+            answers.append(api.run_now(s.id, idempotency_key="deploy-42", clock=clock))
+
+    ran = drive(clock, 7, prune_days=2, on_day=on_day)
+
+    manual = sorted(at for _, at, is_manual in ran.elements() if is_manual)
+    assert manual == [START], f"the pruned key ran again: {manual}"
+    # The answer is the first call's occurrence as retention last saw it.
+    (again,) = answers
+    assert (again.id, again.state, again.scheduled_for) == (first_id, "SUCCEEDED", START)
+
+
+def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    refused: list[errors.ValidationError] = []
+
+    def on_day(day: int) -> None:
+        if day in (1, 8):  # the same range twice; its runs are pruned in between
+            clock.set(START + day * DAY + timedelta(hours=8))
+            try:
+                api.backfill(s.id, start=START - 3 * DAY, end=START + DAY, clock=clock)
+            except errors.ValidationError as exc:
+                refused.append(exc)
+
+    ran = drive(clock, 10, prune_days=2, on_day=on_day)
+
+    backfilled = sorted(at for _, at, is_manual in ran.elements() if is_manual)
+    assert backfilled == [START - n * DAY + timedelta(hours=9) for n in (3, 2, 1)], (
+        f"a backfill over pruned history ran times again: {backfilled}"
+    )
+    # The second backfill is refused whole, naming the span retention deleted from.
+    assert [(e.field, "retention deleted" in str(e)) for e in refused] == [("start", True)]
+
+
 # --- the property: the same operations with and without retention run the same times ---
 
 CRONS = ("0 9 * * *", "0 15 * * *", "0 9,15 * * *", "0 9 */2 * *", "0 15 * * 1-5")
+KINDS = [
+    *("skip", "skip", "pause", "resume", "update", "run_now"),
+    *("keyed", "keyed", "backfill", "backfill"),
+]
 
 
 @dataclass(frozen=True)
 class Op:
     day: int
-    kind: str  # skip / pause / resume / update / run_now
+    kind: str  # skip / pause / resume / update / run_now / keyed (run now with a key) / backfill
     schedule: int
-    ahead: int  # skip: days ahead of the op's day; update: index of the new cron
+    ahead: int  # skip: days ahead; update: the new cron; keyed: days to the repeat;
+    #             backfill: days back
     hour: int
+    length: int  # backfill: days in the range
 
 
 ops_strategy = st.lists(
     st.builds(
         Op,
         day=st.integers(0, 15),
-        kind=st.sampled_from(["skip", "skip", "pause", "resume", "update", "run_now"]),
+        kind=st.sampled_from(KINDS),
         schedule=st.integers(0, 2),
         ahead=st.integers(0, 15),
         hour=st.sampled_from(HOURS),
+        length=st.integers(1, 4),
     ),
-    max_size=12,
+    min_size=2,
+    max_size=14,
 )
 
 
-def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> None:
+def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> bool:
+    """Apply ``op``; False when a backfill was refused for pruned history."""
     sid = schedules[op.schedule % len(schedules)].id
     try:
         with transaction.atomic():  # a refused op rolls back alone
             _call(op, sid, clock)
+    except errors.HistoryPruned:
+        return False
     except errors.SchedulerError:
         pass  # not a fire time, already paused...: refused the same way in both runs
+    return True
 
 
 def _call(op: Op, sid: Any, clock: FrozenClock) -> None:
@@ -135,41 +192,51 @@ def _call(op: Op, sid: Any, clock: FrozenClock) -> None:
         api.resume_schedule(sid, clock=clock)
     elif op.kind == "update":
         api.update_schedule(sid, cron=CRONS[op.ahead % len(CRONS)], clock=clock)
+    elif op.kind == "keyed":  # three keys; each keyed op asks twice (see _world)
+        api.run_now(sid, idempotency_key=f"k{op.ahead % 3}", clock=clock)
+    elif op.kind == "backfill":  # ranges from before the schedules existed up to now
+        start = START + (op.day - op.ahead) * DAY
+        end = min(start + op.length * DAY, clock.now())
+        api.backfill(sid, start=start, end=end, clock=clock)
     else:
         api.run_now(sid, clock=clock)
 
 
-def _run_world(crons: list[str], ops: list[Op], prune_days: int | None) -> Ran:
+def _run_world(crons: list[str], ops: list[Op], prune_days: int | None) -> tuple[Ran, list[int]]:
     # Rolled back at the end: the next world (and example) starts from an empty database.
     with transaction.atomic():
-        ran = _world(crons, ops, prune_days)
+        ran, refused = _world(crons, ops, prune_days)
         transaction.set_rollback(True)
-    return ran
+    return ran, refused
 
 
-def _world(crons: list[str], ops: list[Op], prune_days: int | None) -> Ran:
+def _world(crons: list[str], ops: list[Op], prune_days: int | None) -> tuple[Ran, list[int]]:
     clock = FrozenClock(START)
     schedules = [
         api.create_schedule(name=f"s{i}", task="billing.ping", cron=cron, clock=clock)
         for i, cron in enumerate(crons)
     ]
-    by_day: dict[int, list[Op]] = {}
-    for op in ops:
-        by_day.setdefault(op.day, []).append(op)
+    by_day: dict[int, list[tuple[int, Op]]] = {}
+    for index, op in enumerate(ops):
+        by_day.setdefault(op.day, []).append((index, op))
+        if op.kind == "keyed":  # the same key again, ``ahead`` days later (often pruned by then)
+            by_day.setdefault(op.day + op.ahead, []).append((index, op))
+    refused: list[int] = []
 
     def on_day(day: int) -> None:
         clock.set(START + day * DAY + timedelta(hours=8))
-        for op in by_day.get(day, []):
-            _apply(op, schedules, clock)
+        for index, op in by_day.get(day, []):
+            if not _apply(op, schedules, clock):
+                refused.append(index)
 
-    return drive(clock, 20, prune_days=prune_days, on_day=on_day)
+    return drive(clock, 20, prune_days=prune_days, on_day=on_day), refused
 
 
-#: Examples of the property: 12 on PostgreSQL (the production database), 4 on SQLite and
+#: Examples of the property: 10 on PostgreSQL (the production database), 4 on SQLite and
 #: MariaDB, where the code under test is the same portable ORM (retention, the per-schedule
 #: materializer, the batch relay, claim and complete) and each example costs seconds of the
 #: pass; the examples are derandomized, the same on every run.
-EXAMPLES = 12 if database_family() == "postgresql" else 4
+EXAMPLES = 10 if database_family() == "postgresql" else 4
 
 
 @settings(
@@ -186,6 +253,11 @@ EXAMPLES = 12 if database_family() == "postgresql" else 4
 def test_retention_at_any_age_runs_the_same_fire_times(
     crons: list[str], ops: list[Op], prune_days: int
 ) -> None:
-    without = _run_world(crons, ops, None)
-    with_retention = _run_world(crons, ops, prune_days)
+    """With retention, every operation does what it does without, or (a backfill reaching
+    into pruned history) is refused and does nothing: the same fire times run, each as
+    often, as in a world without retention and without the refused backfills."""
+    with_retention, refused = _run_world(crons, ops, prune_days)
+    kept = [op for index, op in enumerate(ops) if index not in refused]
+    without, refused_without = _run_world(crons, kept, None)
+    assert refused_without == []
     assert with_retention == without
