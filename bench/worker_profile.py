@@ -6,10 +6,11 @@ Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler table
 ``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
 (median over the runs, milliseconds): opening a new database connection and its first
 claim (what every run paid while Celery closed the connection after each task), a claim
-on a kept connection, the body (``bench.append_line``), the completion, the heartbeat
-thread's start and stop, and the wrapper's log line. Then ``execute()`` whole, on a kept
-connection and with the connection closed before each run. No broker: the Celery side of
-a task is what the plain rate of ``bench.worker_rate`` measures.
+on a kept connection, the body (``bench.append_line``), the completion, the heartbeat's
+hold and stop (one thread per process, started at the first run) and the wrapper's log
+line. Then ``execute()`` whole, on a kept connection and with the connection closed
+before each run. No broker: the Celery side of a task is what the plain rate of
+``bench.worker_rate`` measures.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> None:
     from celery_scheduler.core.ids import occurrence_id
     from django_app import tasks
     from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
-    from django_app.worker import claim, finish
+    from django_app.worker import claim, finish, heartbeat
     from example_project.celery import app
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -90,10 +91,12 @@ def main(argv: list[str]) -> None:
             lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
         )  # fmt: skip
         token = claimed.fencing_token
-        beat = tasks.Heartbeat(str(occ_id), token, lease)
-        timed(samples, "heartbeat thread start", beat.start)
+        beat = timed(
+            samples, "heartbeat: hold the lease",
+            lambda occ_id=occ_id, token=token: heartbeat.hold(str(occ_id), token, lease),
+        )  # fmt: skip
         value = timed(samples, "body (append one line)", worker_tasks._append)
-        timed(samples, "heartbeat thread stop", beat.stop)
+        timed(samples, "heartbeat: stop", beat.stop)
         timed(
             samples, "completion",
             lambda occ_id=occ_id, token=token, value=value: finish.complete(
