@@ -5,11 +5,13 @@
 Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler tables are wiped):
 ``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
 (median over the runs, milliseconds): opening a new database connection and its first
-claim (what every run paid while Celery closed the connection after each task), a claim
-on a kept connection, the body (``bench.append_line``), the completion, the heartbeat's
+claim (what every run paid while Celery closed the connection after each task); then on a
+kept connection the claim, the body (``bench.append_line``), the completion, the heartbeat's
 hold and stop (one thread per process, started at the first run) and the wrapper's log
 line. Then ``execute()`` whole, on a kept connection and with the connection closed
-before each run. No broker: the Celery side of a task is what the plain rate of
+before each run. Last, Celery's tracer around the body, for a plain task and for a
+scheduled run with its database part left out: what the wrapper adds on Celery's side. No
+broker: the rest of Celery's side of a task is what the plain rate of
 ``bench.worker_rate`` measures.
 """
 
@@ -90,6 +92,13 @@ def main(argv: list[str]) -> None:
             samples, "first claim on the new connection",
             lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
         )  # fmt: skip
+        finish.complete(occ_id, claimed.fencing_token, None)
+    # Every phase of a run, on a kept connection (as a worker with CELERY_DB_REUSE_MAX).
+    for occ_id in enqueued(args.runs):
+        claimed = timed(
+            samples, "claim on a kept connection",
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+        )  # fmt: skip
         token = claimed.fencing_token
         beat = timed(
             samples, "heartbeat: hold the lease",
@@ -106,11 +115,6 @@ def main(argv: list[str]) -> None:
         timed(samples, "log line", lambda occ_id=occ_id: log.info("occurrence %s: x", occ_id))
     for occ_id in enqueued(args.runs):
         timed(
-            samples, "claim on a kept connection",
-            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
-        )  # fmt: skip
-    for occ_id in enqueued(args.runs):
-        timed(
             samples, "execute() on a kept connection",
             lambda occ_id=occ_id: tasks.execute(
                 app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
@@ -124,11 +128,54 @@ def main(argv: list[str]) -> None:
                 app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
             ),
         )  # fmt: skip
+    celery_side(app, samples, args.runs)
     width = max(len(k) for k in samples)
     print(f"{'phase':<{width}}  median ms  p90 ms  (n = {args.runs} each)")
     for name, values in samples.items():
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<{width}}  {statistics.median(values):9.2f}  {p90:6.2f}")
+
+
+def celery_side(app: Any, samples: dict[str, list[float]], runs: int) -> None:
+    """Celery's tracer around the same body: a plain task, and a scheduled run traced as
+    that task (the presentation layer, the wrapper and its log line) with the database
+    part (claim, completion) left out, so the difference is what the wrapper adds."""
+    from celery.app import trace as celery_trace
+
+    from django_app import tasks
+    from django_app.worker import presentation
+
+    presentation.install(app)
+    plain = app.tasks["bench.append_line"]
+    plain.__trace__ = celery_trace.build_tracer(plain.name, plain, app=app)
+    wrapper = app.tasks["celery_scheduler.run_occurrence"]
+    real_execute = tasks.execute
+
+    def no_database(*args: Any, body: Callable[[], Any], **kwargs: Any) -> dict[str, Any]:
+        value = body()
+        return {"outcome": "SUCCEEDED", "result": value, "token": 1, "value": value}
+
+    tasks.execute = no_database  # type: ignore[assignment]
+    try:
+        for _ in range(runs):
+            task_id = str(uuid.uuid4())
+            request = {"id": task_id, "hostname": "p", "delivery_info": {}}
+            timed(
+                samples, "Celery tracer: plain task",
+                lambda t=task_id, r=request: plain.__trace__(t, [], {}, dict(r)),
+            )  # fmt: skip
+            wrapper_kwargs = {
+                "occurrence_id": task_id,
+                "task": plain.name,
+                "args": [],
+                "kwargs": {},
+            }
+            timed(
+                samples, "Celery tracer: scheduled run, database left out",
+                lambda t=task_id, k=wrapper_kwargs, r=request: wrapper.__trace__(t, [], k, dict(r)),
+            )  # fmt: skip
+    finally:
+        tasks.execute = real_execute  # type: ignore[assignment]
 
 
 if __name__ == "__main__":
