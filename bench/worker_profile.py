@@ -5,11 +5,14 @@
 Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler tables are wiped):
 ``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
 (median over the runs, milliseconds): opening a new database connection and its first
-claim (what every run paid while Celery closed the connection after each task), a claim
-on a kept connection, the body (``bench.append_line``), the completion, the heartbeat
-thread's start and stop, and the wrapper's log line. Then ``execute()`` whole, on a kept
-connection and with the connection closed before each run. No broker: the Celery side of
-a task is what the plain rate of ``bench.worker_rate`` measures.
+claim (what every run paid while Celery closed the connection after each task); then on a
+kept connection the claim, the body (``bench.append_line``), the completion, the heartbeat's
+hold and stop (one thread per process, started at the first run) and the wrapper's log
+line. Then ``execute()`` whole, on a kept connection and with the connection closed
+before each run. Last, Celery's tracer around the body, for a plain task and for a
+scheduled run with its database part left out: what the wrapper adds on Celery's side. No
+broker: the rest of Celery's side of a task is what the plain rate of
+``bench.worker_rate`` measures.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def main(argv: list[str]) -> None:
     from celery_scheduler.core.ids import occurrence_id
     from django_app import tasks
     from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
-    from django_app.worker import claim, finish
+    from django_app.worker import claim, finish, heartbeat
     from example_project.celery import app
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -89,11 +92,20 @@ def main(argv: list[str]) -> None:
             samples, "first claim on the new connection",
             lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
         )  # fmt: skip
+        finish.complete(occ_id, claimed.fencing_token, None)
+    # Every phase of a run, on a kept connection (as a worker with CELERY_DB_REUSE_MAX).
+    for occ_id in enqueued(args.runs):
+        claimed = timed(
+            samples, "claim on a kept connection",
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+        )  # fmt: skip
         token = claimed.fencing_token
-        beat = tasks.Heartbeat(str(occ_id), token, lease)
-        timed(samples, "heartbeat thread start", beat.start)
+        beat = timed(
+            samples, "heartbeat: hold the lease",
+            lambda occ_id=occ_id, token=token: heartbeat.hold(str(occ_id), token, lease),
+        )  # fmt: skip
         value = timed(samples, "body (append one line)", worker_tasks._append)
-        timed(samples, "heartbeat thread stop", beat.stop)
+        timed(samples, "heartbeat: stop", beat.stop)
         timed(
             samples, "completion",
             lambda occ_id=occ_id, token=token, value=value: finish.complete(
@@ -101,11 +113,6 @@ def main(argv: list[str]) -> None:
             ),
         )  # fmt: skip
         timed(samples, "log line", lambda occ_id=occ_id: log.info("occurrence %s: x", occ_id))
-    for occ_id in enqueued(args.runs):
-        timed(
-            samples, "claim on a kept connection",
-            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
-        )  # fmt: skip
     for occ_id in enqueued(args.runs):
         timed(
             samples, "execute() on a kept connection",
@@ -121,11 +128,54 @@ def main(argv: list[str]) -> None:
                 app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
             ),
         )  # fmt: skip
+    celery_side(app, samples, args.runs)
     width = max(len(k) for k in samples)
     print(f"{'phase':<{width}}  median ms  p90 ms  (n = {args.runs} each)")
     for name, values in samples.items():
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<{width}}  {statistics.median(values):9.2f}  {p90:6.2f}")
+
+
+def celery_side(app: Any, samples: dict[str, list[float]], runs: int) -> None:
+    """Celery's tracer around the same body: a plain task, and a scheduled run traced as
+    that task (the presentation layer, the wrapper and its log line) with the database
+    part (claim, completion) left out, so the difference is what the wrapper adds."""
+    from celery.app import trace as celery_trace
+
+    from django_app import tasks
+    from django_app.worker import presentation
+
+    presentation.install(app)
+    plain = app.tasks["bench.append_line"]
+    plain.__trace__ = celery_trace.build_tracer(plain.name, plain, app=app)
+    wrapper = app.tasks["celery_scheduler.run_occurrence"]
+    real_execute = tasks.execute
+
+    def no_database(*args: Any, body: Callable[[], Any], **kwargs: Any) -> dict[str, Any]:
+        value = body()
+        return {"outcome": "SUCCEEDED", "result": value, "token": 1, "value": value}
+
+    tasks.execute = no_database  # type: ignore[assignment]
+    try:
+        for _ in range(runs):
+            task_id = str(uuid.uuid4())
+            request = {"id": task_id, "hostname": "p", "delivery_info": {}}
+            timed(
+                samples, "Celery tracer: plain task",
+                lambda t=task_id, r=request: plain.__trace__(t, [], {}, dict(r)),
+            )  # fmt: skip
+            wrapper_kwargs = {
+                "occurrence_id": task_id,
+                "task": plain.name,
+                "args": [],
+                "kwargs": {},
+            }
+            timed(
+                samples, "Celery tracer: scheduled run, database left out",
+                lambda t=task_id, k=wrapper_kwargs, r=request: wrapper.__trace__(t, [], k, dict(r)),
+            )  # fmt: skip
+    finally:
+        tasks.execute = real_execute  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 The relay publishes each occurrence as this task (task id = occurrence id). The wrapper
 claims it (fenced lease, overlap policy, concurrency slot, version/cancel re-check), runs the
-registered task's body with the occurrence id in context while a heartbeat thread renews the
-lease, then completes it or, by error class, schedules a retry through the outbox or
+registered task's body with the occurrence id in context while the process's heartbeat thread
+renews the lease, then completes it or, by error class, schedules a retry through the outbox or
 dead-letters it, all under its fencing token.
 
 Celery's own retry is used only when the claim itself cannot reach the database: nothing
@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -24,7 +23,7 @@ from typing import Any, NoReturn
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry
-from django.db import DatabaseError, InterfaceError, connection
+from django.db import DatabaseError, InterfaceError
 
 from celery_scheduler import errors
 from celery_scheduler.core import retry
@@ -37,62 +36,13 @@ from django_app.db.connections import drop_if_broken, reset_after_error
 from django_app.operations import observe
 from django_app.schedules.backfill import BACKFILL_VERSION
 from django_app.worker import claim, finish, presentation
+from django_app.worker import heartbeat as heartbeats
 from django_app.worker.idempotency import as_json
 
 logger = logging.getLogger("celery_scheduler.worker")
 
 #: Attempts to record a completion when the database flickers after the body ran.
 _FINISH_TRIES = 3
-
-
-class Heartbeat(threading.Thread):
-    """Renews the occurrence lease (and its slot) every ``lease / 3`` until stopped.
-
-    Stops by itself when a renewal finds the token stale: the attempt lost its lease and
-    its completion will be rejected by the fencing check.
-    """
-
-    def __init__(
-        self, occurrence_id: str, token: int, lease: timedelta, clock: Clock = SYSTEM_CLOCK
-    ) -> None:
-        super().__init__(name=f"heartbeat-{occurrence_id}", daemon=True)
-        self.occurrence_id, self.token, self.lease, self.clock = occurrence_id, token, lease, clock
-        self.lost = False
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self._stop_event.wait(self.lease.total_seconds() / 3):
-                try:
-                    renewed = finish.renew(
-                        self.occurrence_id, self.token, clock=self.clock, lease=self.lease
-                    )
-                except (DatabaseError, InterfaceError):
-                    # Reconnect for the next renewal: a killed connection is never retried.
-                    reset_after_error()
-                    logger.warning(
-                        "heartbeat of %s failed; retrying on a new connection",
-                        self.occurrence_id,
-                        exc_info=True,
-                        extra={"event": "heartbeat_failed", "occurrence_id": self.occurrence_id},
-                    )
-                    continue
-                if not renewed:
-                    self.lost = True
-                    logger.warning(
-                        "occurrence %s: lease lost (token %s is stale)",
-                        self.occurrence_id,
-                        self.token,
-                        extra={"event": "lease_lost", "occurrence_id": self.occurrence_id},
-                    )
-                    return
-        finally:
-            connection.close()  # this thread's own connection
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join()
 
 
 def policy_for(target: Any, claimed: claim.ClaimResult) -> retry.RetryPolicy:
@@ -205,8 +155,7 @@ def execute(
         return {"outcome": "DEAD", "reason": error}
     if not _lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
-    heartbeat = Heartbeat(occurrence_id, token, lease, clock)
-    heartbeat.start()
+    heartbeat = heartbeats.hold(occurrence_id, token, lease, clock)
     try:
         with occurrence_context(
             occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock,

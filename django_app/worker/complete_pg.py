@@ -11,6 +11,16 @@ and the caller runs the portable path instead.
 
 Issued outside ``transaction.atomic()`` (autocommit), the statement is its own
 transaction: the portable path's BEGIN, four statements and COMMIT become one round trip.
+
+Its commit is asynchronous: the statement sets ``synchronous_commit = off`` for its own
+transaction only (``set_config(..., true)``, the ``SET LOCAL`` of a one-statement
+transaction), so it returns without waiting for the write-ahead log to reach the disk. The
+claim's commit stays synchronous. What a database crash can take back is a completion of
+the last fraction of a second, leaving the occurrence RUNNING under a lease that expires;
+the reaper then runs it again under the same id, as after a worker that died before its
+completion, and ``@idempotent_task``'s key, committed synchronously with the effect, returns
+the stored result instead of a second effect. docs/explanation/workers-and-retries.md
+("Durable claim, asynchronous completion") has the argument.
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ WITH counts AS (
     RETURNING tenant_id, key
 )
 SELECT (SELECT count(*) FROM occ), coalesce((SELECT counts FROM counts), false),
-    (SELECT coalesce(json_agg(json_build_array(tenant_id, key)), '[]') FROM slot)
+    (SELECT coalesce(json_agg(json_build_array(tenant_id, key)), '[]') FROM slot),
+    set_config('synchronous_commit', 'off', true)
 """
 
 
