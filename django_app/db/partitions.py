@@ -590,6 +590,8 @@ def unpartition_empty_tables() -> list[str]:
                 f"INCLUDING IDENTITY INCLUDING GENERATED)"
             )
             cur.execute(f"DROP TABLE {_q(part)} CASCADE")
+            if table != tables()[0]:  # nullable in the model (rows older than the key)
+                cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} DROP NOT NULL")
             # Back to the model's keys: drop the partition key from the unique keys.
             plain = _Shape(
                 indexes=shape.indexes,

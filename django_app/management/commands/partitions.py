@@ -76,7 +76,7 @@ class Command(BaseCommand):
                 lock_timeout_ms=options["lock_timeout"],
                 batch=options["batch"],
                 margin=timedelta(days=options["margin_days"]),
-                log=self.stdout.write,
+                log=self.stderr.write if options["json"] else self.stdout.write,
             ).as_json()
         elif not partitions.is_partitioned():
             raise CommandError(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -333,14 +334,12 @@ def test_materialize_relay_and_claims_race_across_midnight_without_duplicate_or_
     occ, att, out = partitions.tables()
     start = datetime(2031, 6, 30, 23, 58, 30, tzinfo=UTC)
     stop = datetime(2031, 7, 1, 0, 1, 30, tzinfo=UTC)
-    # Slots are DDL: a flush keeps them. Start without the two days' slots (a rerun).
+    # Slots are DDL: a flush keeps them. Start without the three days' slots (a rerun).
+    first = datetime(2031, 6, 30, tzinfo=UTC)
     with connection.cursor() as cur:
         for table in (occ, att, out):
             for part in partitions.partitions(table):
-                if part.start in (
-                    datetime(2031, 6, 30, tzinfo=UTC),
-                    datetime(2031, 7, 1, tzinfo=UTC),
-                ):
+                if part.start is not None and first <= part.start < first + 3 * DAY:
                     cur.execute(f"DROP TABLE {part.name}")
     schedules = [
         make_schedule(tenant, next_run_at=start + timedelta(seconds=30)) for _ in range(60)
@@ -368,7 +367,7 @@ def test_materialize_relay_and_claims_race_across_midnight_without_duplicate_or_
         assert p.returncode == 0, stderr[-3000:]
         results.append(json.loads(stdout.strip().splitlines()[-1]))
     made, published, *workers = results
-    assert made["slots"] == 6  # 06-30 and 07-01, on three tables
+    assert made["slots"] == 9  # 06-30, 07-01 and 07-02 on three tables
     rows = list(Occurrence.objects.filter(schedule__in=schedules).values_list("id", "state"))
     fire_times = [start.replace(second=0) + timedelta(minutes=k) for k in range(1, 4)]
     # Every schedule fired at 23:59, 00:00 and 00:01, once each, on both sides of midnight.
@@ -395,3 +394,89 @@ def test_materialize_relay_and_claims_race_across_midnight_without_duplicate_or_
                 (f"{table}_p20310630", len(schedules)),
                 (f"{table}_p20310701", 2 * len(schedules)),
             ]
+
+
+# -- converting a populated install ------------------------------------------------------
+
+
+def seed_plain(schedule: Schedule, now: datetime, n: int) -> None:
+    """``n`` occurrences over the last days, a few far ahead, each with an attempt and an
+    outbox row written before the key existed (``scheduled_for`` NULL on them)."""
+    occ, att, out = partitions.tables()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {occ} (id, schedule_id, schedule_version, tenant_id, scheduled_for, "
+            "available_at, state, manual, overlap_policy, attempt_count, fencing_token, "
+            "lease_owner, created_at, last_error, reason) "
+            "SELECT gen_random_uuid(), %s, 1, %s, t, t, "
+            "CASE WHEN g %% 50 = 0 THEN 'DEAD' ELSE 'SUCCEEDED' END, true, '', 1, 1, '', t, '', '' "
+            "FROM generate_series(1, %s) g, "
+            "LATERAL (SELECT %s::timestamptz - g * interval '37 seconds' "
+            "  + CASE WHEN g %% 100 = 0 THEN interval '400 days' ELSE interval '0' END AS t) x",
+            [schedule.pk, schedule.tenant_id, n, now],
+        )
+        cur.execute(
+            f"INSERT INTO {att} (occurrence_id, number, fencing_token, worker, started_at, "
+            f"outcome, error) SELECT id, 1, 1, 'w', scheduled_for, 'SUCCEEDED', '' FROM {occ}"
+        )
+        cur.execute(
+            f"INSERT INTO {out} (occurrence_id, tenant_id, shard, available_at, priority, "
+            f"sent_at, publish_count, claimed_by, created_at) SELECT id, tenant_id, 0, "
+            f"scheduled_for, 0, scheduled_for, 1, '', scheduled_for FROM {occ}"
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_populated_install_is_converted_and_keeps_every_row(tenant: Any) -> None:
+    from django.core.management import call_command
+
+    occ, att, out = partitions.tables()
+    now = datetime.now(UTC)
+    assert partitions.unpartition_empty_tables() == [occ, att, out]
+    try:
+        schedule = make_schedule(tenant)
+        seed_plain(schedule, now, 5000)
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT id, scheduled_for, state FROM {occ} ORDER BY id")
+            before = cur.fetchall()
+        stdout = StringIO()
+        call_command("partitions", "convert", "--batch", "700", "--json", stdout=stdout)
+        report = json.loads(stdout.getvalue())
+        assert report["converted"] == [occ, att, out]
+        assert report["backfilled"] == {att: 5000, out: 5000}
+        assert report["set_aside"] == {occ: 50, att: 50, out: 50}  # the far-future rows
+        assert report["seconds"]["swap"] < 5
+        assert all(partitions.is_partitioned(t) for t in (occ, att, out))
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT id, scheduled_for, state FROM {occ} ORDER BY id")
+            assert cur.fetchall() == before
+            cur.execute(f"SELECT count(*) FROM {att} WHERE scheduled_for IS NULL")
+            assert cur.fetchone() == (0,)
+            # The past is the history partition, the far future the default one.
+            cur.execute(f"SELECT tableoid::regclass::text, count(*) FROM {occ} GROUP BY 1")
+            assert dict(cur.fetchall()) == {f"{occ}__history": 4950, f"{occ}_default": 50}
+        # The scheduler writes on: today's rows into the history partition (it covers up to
+        # the boundary, two days ahead), later ones into their slots; keys still unique.
+        assert where(occ, id=add(schedule, now, S.SCHEDULED).id) == [f"{occ}__history"]
+        later = now + 3 * DAY
+        row = add(schedule, later, S.SCHEDULED)
+        day = later.replace(hour=0, minute=0, second=0, microsecond=0)
+        assert where(occ, id=row.id) == [partitions.slot_name(occ, day, DAY)]
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Occurrence.objects.create(
+                id=row.id, schedule=schedule, schedule_version=1, tenant_id=schedule.tenant_id,
+                scheduled_for=row.scheduled_for, available_at=row.scheduled_for,
+            )  # fmt: skip
+        # The old rows are still found by id, through the parent.
+        assert Occurrence.objects.filter(id=before[0][0]).count() == 1
+        assert OutboxEntry.objects.filter(occurrence_id=before[0][0]).count() == 1
+    finally:
+        # Leave the test database as the migration made it: empty partitioned tables.
+        with connection.cursor() as cur:
+            for table in (occ, att, out):
+                cur.execute(f"DROP TABLE IF EXISTS {table}__future")
+                cur.execute(f"TRUNCATE {table}")
+                cur.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_history_range")
+        if partitions.is_partitioned():
+            partitions.unpartition_empty_tables()
+        partitions.partition_empty_tables(now, width=DAY, ahead=3)
