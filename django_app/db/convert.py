@@ -50,7 +50,8 @@ class ConvertReport:
     boundary: datetime | None = None
     backfilled: dict[str, int] = field(default_factory=dict)
     set_aside: dict[str, int] = field(default_factory=dict)
-    #: Seconds per step; ``swap`` is the time the ACCESS EXCLUSIVE locks were held.
+    #: Seconds per step; ``lock_held``: how long the ACCESS EXCLUSIVE locks were held (the
+    #: swap transaction, from its LOCK to its commit).
     seconds: dict[str, float] = field(default_factory=dict)
     swap_attempts: int = 0
 
@@ -155,7 +156,7 @@ def convert(
                     _exec(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
                 for table in tables:
                     _swap(table, shapes[table], boundary)
-                report.seconds["swap"] = round(time.monotonic() - clock, 3)
+                report.seconds["swap_catalog"] = round(time.monotonic() - clock, 3)
                 partitions.ensure(now, width=width, ahead=ahead, wait=True)
                 for table in tables:
                     hold = _HOLD.format(table)
@@ -164,7 +165,7 @@ def convert(
                         f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
                         f"DROP TABLE {_q(hold)}"
                     )
-            report.seconds["swap_total"] = round(time.monotonic() - clock, 3)
+            report.seconds["lock_held"] = round(time.monotonic() - clock, 3)
             break
         except DatabaseError as exc:
             log(f"swap attempt {attempt}: {exc}".strip())
@@ -173,7 +174,7 @@ def convert(
                 raise
             time.sleep(min(2.0, 0.1 * attempt))
     report.converted = tables
-    log(f"swapped under lock in {report.seconds['swap']}s (try {report.swap_attempts})")
+    log(f"locks held {report.seconds['lock_held']}s (try {report.swap_attempts})")
     return report
 
 
