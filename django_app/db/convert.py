@@ -238,6 +238,8 @@ def _swap(table: str, shape: _Shape, boundary: datetime) -> None:
     )
     _exec(f"ALTER TABLE {_q(history)} DROP CONSTRAINT {_q(_CHECK.format(table))}")
     _exec(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+    partitions.name_indexes(table + "_default")
+    partitions.name_indexes(history)
 
 
 def _undo(tables: list[str]) -> None:

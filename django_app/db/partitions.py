@@ -234,6 +234,7 @@ def _create_slot(
                 f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
                 [start, end],
             )
+            name_indexes(name)
             return 0
         cur.execute(
             f"SELECT count(*) FROM {_q(default)} WHERE {KEY} >= %s AND {KEY} < %s", [start, end]
@@ -244,6 +245,7 @@ def _create_slot(
                 f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
                 [start, end],
             )
+            name_indexes(name)
             return 0
         cols = ", ".join(_q(c) for c in _columns(table))
         cur.execute(
@@ -258,7 +260,26 @@ def _create_slot(
             f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(name)} FOR VALUES FROM (%s) TO (%s)",
             [start, end],
         )
+        name_indexes(name)
         return int(n)
+
+
+def name_indexes(partition: str) -> None:
+    """Name ``partition``'s indexes after the parent's (``<parent index>__<slot>``), not
+    PostgreSQL's ``<partition>_<columns>_idx``: a plan then names the model's index, as on
+    a plain table (``occurrence_schedule_time__p20261202``)."""
+    suffix = partition.rsplit("_", 1)[-1]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT ci.relname, pi.relname FROM pg_index x JOIN pg_class ci ON ci.oid = "
+            "x.indexrelid JOIN pg_inherits h ON h.inhrelid = ci.oid JOIN pg_class pi ON "
+            "pi.oid = h.inhparent WHERE x.indrelid = %s::regclass",
+            [partition],
+        )
+        for child, parent in cur.fetchall():
+            wanted = f"{parent[: 62 - len(suffix)]}_{suffix}"
+            if child != wanted:
+                cur.execute(f"ALTER INDEX {_q(child)} RENAME TO {_q(wanted)}")
 
 
 def _columns(table: str) -> list[str]:
@@ -565,6 +586,7 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
             cur.execute(f"DROP TABLE {_q(plain)}")
             _apply_shape(table, shape)
             cur.execute(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+            name_indexes(table + "_default")
         converted.append(table)
     if converted:
         ensure(now, width=width, ahead=ahead, wait=True)
