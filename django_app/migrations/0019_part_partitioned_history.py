@@ -33,12 +33,17 @@ def forwards(apps, schema_editor):
     populated = _has_rows(connection, occ)
     if connection.vendor != "postgresql" or not populated:
         if populated:  # SQLite / MariaDB: fill the key from the occurrence
+            q = connection.ops.quote_name
             for name in ("Attempt", "OutboxEntry"):
-                table = apps.get_model("django_app", name)._meta.db_table
-                schema_editor.execute(
-                    f"UPDATE {table} SET scheduled_for = (SELECT o.scheduled_for FROM {occ} o "
-                    f"WHERE o.id = {table}.occurrence_id) WHERE scheduled_for IS NULL"
-                )
+                table = q(apps.get_model("django_app", name)._meta.db_table)
+                # A data change, not DDL: through a cursor (MySQL refuses the schema
+                # editor's execute inside the RunPython's transaction).
+                with connection.cursor() as cur:
+                    cur.execute(
+                        f"UPDATE {table} SET scheduled_for = (SELECT o.scheduled_for FROM "
+                        f"{q(occ)} o WHERE o.id = {table}.occurrence_id) "
+                        f"WHERE scheduled_for IS NULL"
+                    )
         if connection.vendor == "postgresql":
             from django_app import conf
             from django_app.db import partitions
@@ -64,8 +69,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
-    atomic = True
 
     dependencies = [
         ('django_app', '0018_dst_policy'),
