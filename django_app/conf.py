@@ -107,10 +107,14 @@ class SchedulerSettings:
     #: form ("600/min", "20/s"); ``None``: not throttled. Over it: 429 with Retry-After.
     #: Counted in Django's default cache (per process with the local-memory cache).
     http_rate: str | None = None
+    #: PostgreSQL: migration 0019 partitions a fresh install's history tables (occurrence,
+    #: attempt, outbox) by time. False leaves them plain (``manage.py partitions convert``
+    #: partitions them later, populated or not); read when that migration runs.
+    partitioned_history: bool = True
     #: PostgreSQL: the width of one partition of the occurrence, attempt and outbox tables
     #: (hours; a divisor or multiple of 24 keeps slots on UTC midnights). Slots are aligned on
     #: the Unix epoch, so changing it leaves existing partitions as they are
-    #: (docs/howto/scale.md).
+    #: (docs/howto/retention-and-scale.md).
     partition_width_hours: int = 24
     #: PostgreSQL: how many slots after the current one the beats keep created (they check
     #: every few minutes; ``manage.py partitions ensure`` does the same once).

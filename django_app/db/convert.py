@@ -1,6 +1,6 @@
 """PostgreSQL: partition a populated install's history tables with a short, bounded lock.
 
-The classic way (docs/howto/scale.md), for the occurrence, attempt and outbox tables:
+The classic way (docs/howto/retention-and-scale.md), for the occurrence, attempt and outbox tables:
 
 1. Fill ``scheduled_for`` on attempts and outbox rows from their occurrence, in batches
    (row locks of one batch at a time).

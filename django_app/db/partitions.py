@@ -1,4 +1,4 @@
-"""PostgreSQL: occurrence history range-partitioned by time (docs/howto/scale.md).
+"""PostgreSQL: occurrence history range-partitioned by time (docs/howto/retention-and-scale.md).
 
 The occurrence, attempt and outbox tables are partitioned by ``scheduled_for`` (the
 occurrence's, copied onto its attempts and outbox row), one partition per

@@ -10,9 +10,10 @@
   constraints on every database: PostgreSQL allows a foreign key to a partitioned table only
   on its whole unique key, (id, scheduled_for). Deletes cascade in the ORM as before.
 - PostgreSQL, fresh install (the three tables empty, as in a test database): the tables are
-  turned into partitioned ones here. Populated: they are left plain and the scheduler runs
+  turned into partitioned ones here, unless ``CELERY_SCHEDULER["partitioned_history"]`` is
+  False. Populated: they are left plain and the scheduler runs
   on them as before; ``manage.py partitions convert`` converts them with a bounded lock
-  (docs/howto/scale.md). The migration names the command in its output.
+  (docs/howto/retention-and-scale.md). The migration names the command in its output.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -44,11 +45,12 @@ def forwards(apps, schema_editor):
                         f"{q(occ)} o WHERE o.id = {table}.occurrence_id) "
                         f"WHERE scheduled_for IS NULL"
                     )
-        if connection.vendor == "postgresql":
-            from django_app import conf
+        from django_app import conf
+
+        cfg = conf.get()
+        if connection.vendor == "postgresql" and cfg.partitioned_history:
             from django_app.db import partitions
 
-            cfg = conf.get()
             partitions.partition_empty_tables(
                 datetime.now(UTC),
                 width=timedelta(hours=cfg.partition_width_hours),
@@ -57,7 +59,7 @@ def forwards(apps, schema_editor):
         return
     print(
         "\n  django_app: the occurrence tables have rows and stay plain tables; partition them "
-        "with `manage.py partitions convert` (docs/howto/scale.md)."
+        "with `manage.py partitions convert` (docs/howto/retention-and-scale.md)."
     )
 
 

@@ -8,7 +8,7 @@
   is refused and reported, unless ``--move`` (those rows go to the default partition, in the
   same transaction) or ``--force`` (they are dropped with it).
 - ``convert [--lock-timeout MS] [--batch N]``: partition a populated install's plain tables
-  (django_app.db.convert; docs/howto/scale.md says what it locks and for how long).
+  (django_app.db.convert; docs/howto/retention-and-scale.md says what it locks and for how long).
 
 See django_app.db.partitions. On SQLite and MariaDB there is nothing to partition: the
 command says so; ``prune_occurrences`` is the retention there.
