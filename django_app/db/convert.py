@@ -19,8 +19,9 @@ The classic way (docs/howto/retention-and-scale.md), for the occurrence, attempt
    table takes its name, indexes and constraints, and the old table is attached as the
    partition ``[MINVALUE, B)``: the validated check spares the scan, the prebuilt indexes
    spare the builds, so the lock covers catalog work only. The default partition and the
-   slots from ``B`` are created, the set-aside rows go back through the parent. The lock
-   time is reported (bench/README.md has a figure on millions of rows).
+   slots from ``B`` are created. The lock time is reported (bench/README.md has a figure on
+   millions of rows). Then, in a transaction of their own, the set-aside rows go back
+   through the parent (to their slots, or the default partition).
 
 The history partition is never dropped by ``partitions drop`` (its range starts at
 MINVALUE): the batched ``prune_occurrences`` keeps serving it until it is empty; then an
@@ -158,13 +159,6 @@ def convert(
                     _swap(table, shapes[table], boundary)
                 report.seconds["swap_catalog"] = round(time.monotonic() - clock, 3)
                 partitions.ensure(now, width=width, ahead=ahead, wait=True)
-                for table in tables:
-                    hold = _HOLD.format(table)
-                    names = ", ".join(_q(c) for c in partitions._columns(table))
-                    _exec(
-                        f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
-                        f"DROP TABLE {_q(hold)}"
-                    )
             report.seconds["lock_held"] = round(time.monotonic() - clock, 3)
             break
         except DatabaseError as exc:
@@ -173,6 +167,18 @@ def convert(
                 _undo(tables)
                 raise
             time.sleep(min(2.0, 0.1 * attempt))
+    # The set-aside rows go back after the commit, not under the locks: they were out of
+    # sight since step 3 already, and their number is the operator's.
+    clock = time.monotonic()
+    with transaction.atomic():
+        for table in tables:
+            hold = _HOLD.format(table)
+            names = ", ".join(_q(c) for c in partitions._columns(table))
+            _exec(
+                f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
+                f"DROP TABLE {_q(hold)}"
+            )
+    report.seconds["routed_back"] = round(time.monotonic() - clock, 3)
     report.converted = tables
     log(f"locks held {report.seconds['lock_held']}s (try {report.swap_attempts})")
     return report
