@@ -39,9 +39,15 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 
 from django_app.db import partitions
-from django_app.db.partitions import KEY, _apply_shape, _q, _Shape, _shape, slot_of
+from django_app.db.partitions import KEY, Shape, apply_shape, slot_of, table_shape
 
 _CHECK = "{}_history_range"
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
 _HOLD = "{}__future"
 
 
@@ -101,7 +107,7 @@ def convert(
     log(f"backfilled {report.backfilled}")
 
     clock = time.monotonic()
-    shapes = {t: _shape(t) for t in tables}
+    shapes = {t: table_shape(t) for t in tables}
     for table in tables:
         for name, _kind, cols in shapes[table].uniques:
             cols = cols if KEY in cols else [*cols, KEY]
@@ -126,7 +132,7 @@ def convert(
         with transaction.atomic():
             hold = _HOLD.format(table)
             _exec(f"CREATE TABLE {_q(hold)} (LIKE {_q(table)} INCLUDING DEFAULTS)")
-            names = ", ".join(_q(c) for c in partitions._columns(table))
+            names = ", ".join(_q(c) for c in partitions.columns(table))
             row = _exec(
                 f"WITH m AS (DELETE FROM {_q(table)} WHERE {KEY} >= %s RETURNING {names}) "
                 f", i AS (INSERT INTO {_q(hold)} ({names}) SELECT {names} FROM m RETURNING 1) "
@@ -173,7 +179,7 @@ def convert(
     with transaction.atomic():
         for table in tables:
             hold = _HOLD.format(table)
-            names = ", ".join(_q(c) for c in partitions._columns(table))
+            names = ", ".join(_q(c) for c in partitions.columns(table))
             _exec(
                 f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
                 f"DROP TABLE {_q(hold)}"
@@ -204,7 +210,7 @@ def _backfill(table: str, occ: str, batch: int) -> int:
     return done
 
 
-def _swap(table: str, shape: _Shape, boundary: datetime) -> None:
+def _swap(table: str, shape: Shape, boundary: datetime) -> None:
     """Under the lock: ``table`` becomes ``<table>__history``, attached to a new
     partitioned ``table`` as ``[MINVALUE, boundary)``. Catalog work only."""
     history = f"{table}__history"
@@ -236,7 +242,7 @@ def _swap(table: str, shape: _Shape, boundary: datetime) -> None:
             [table, col],
         )
         _exec(f"ALTER TABLE {_q(history)} ALTER COLUMN {_q(col)} DROP IDENTITY")
-    _apply_shape(table, shape)
+    apply_shape(table, shape)
     _exec(
         f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(history)} "
         f"FOR VALUES FROM (MINVALUE) TO (%s)",
@@ -255,7 +261,7 @@ def _undo(tables: list[str]) -> None:
             _exec(f"ALTER TABLE {_q(table)} DROP CONSTRAINT IF EXISTS {_q(_CHECK.format(table))}")
             hold = _HOLD.format(table)
             if _exec("SELECT to_regclass(%s) IS NOT NULL", [hold])[0]:
-                cols = ", ".join(_q(c) for c in partitions._columns(table))
+                cols = ", ".join(_q(c) for c in partitions.columns(table))
                 _exec(
                     f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(hold)}; "
                     f"DROP TABLE {_q(hold)}"

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 KEY = "scheduled_for"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: pg_advisory_xact_lock key (an arbitrary constant: "cs partitions").
-_LOCK_KEY = 0x63737061
+LOCK_KEY = 0x63737061
 #: How long one maintenance statement waits for a table lock before the round gives up.
 DEFAULT_LOCK_TIMEOUT_MS = 2000
 
@@ -163,10 +163,10 @@ def _maintenance(lock_timeout_ms: int, *, wait: bool) -> Iterator[bool]:
         # block) run now: PostgreSQL will not detach or drop a table they are pending on.
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
         if wait:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
             yield True
             return
-        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [_LOCK_KEY])
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
         row = cur.fetchone()
         yield bool(row and row[0])
 
@@ -247,7 +247,7 @@ def _create_slot(
             )
             name_indexes(name)
             return 0
-        cols = ", ".join(_q(c) for c in _columns(table))
+        cols = ", ".join(_q(c) for c in columns(table))
         cur.execute(
             f"CREATE TABLE {_q(name)} (LIKE {_q(table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
         )
@@ -282,7 +282,7 @@ def name_indexes(partition: str) -> None:
                 cur.execute(f"ALTER INDEX {_q(child)} RENAME TO {_q(wanted)}")
 
 
-def _columns(table: str) -> list[str]:
+def columns(table: str) -> list[str]:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
@@ -464,7 +464,7 @@ def _drop_slot(
                 for table, part in names.items():
                     if not part:
                         continue
-                    cols = ", ".join(_q(c) for c in _columns(table))
+                    cols = ", ".join(_q(c) for c in columns(table))
                     ref = "id" if table == occ_t else "occurrence_id"
                     cur.execute(
                         f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(part)} "
@@ -487,7 +487,7 @@ def _drop_slot(
 
 
 @dataclass(frozen=True)
-class _Shape:
+class Shape:
     """What a plain table carries that its partitioned form must carry too."""
 
     #: (name, CREATE INDEX statement) of indexes that back no constraint.
@@ -498,7 +498,7 @@ class _Shape:
     others: list[tuple[str, str]]
 
 
-def _shape(table: str) -> _Shape:
+def table_shape(table: str) -> Shape:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
@@ -522,7 +522,7 @@ def _shape(table: str) -> _Shape:
             [table],
         )
         others = [(n, d) for n, d in cur.fetchall()]
-    return _Shape(indexes, uniques, others)
+    return Shape(indexes, uniques, others)
 
 
 def _with_key(index_sql: str) -> str:
@@ -539,7 +539,7 @@ def _with_key(index_sql: str) -> str:
     return f"{head}{sep}{method} ({inner}, {KEY}{tail}"
 
 
-def _apply_shape(table: str, shape: _Shape, *, suffix: str = "") -> None:
+def apply_shape(table: str, shape: Shape, *, suffix: str = "") -> None:
     """Build ``shape`` on the (empty, partitioned) ``table``: unique keys gain the key."""
     with connection.cursor() as cur:
         for name, kind, cols in shape.uniques:
@@ -575,7 +575,7 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
                 raise RuntimeError(
                     f"{table} has rows: convert it with `manage.py partitions convert`"
                 )
-            shape = _shape(table)
+            shape = table_shape(table)
             plain = f"{table}__plain"
             cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(plain)}")
             cur.execute(
@@ -584,7 +584,7 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
             )
             cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} SET NOT NULL")
             cur.execute(f"DROP TABLE {_q(plain)}")
-            _apply_shape(table, shape)
+            apply_shape(table, shape)
             cur.execute(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
             name_indexes(table + "_default")
         converted.append(table)
@@ -604,7 +604,7 @@ def unpartition_empty_tables() -> list[str]:
             (has_rows,) = cur.fetchone() or (False,)
             if has_rows:
                 raise RuntimeError(f"{table} has rows: it cannot be turned back automatically")
-            shape = _shape(table)
+            shape = table_shape(table)
             part = f"{table}__part"
             cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(part)}")
             cur.execute(
@@ -615,7 +615,7 @@ def unpartition_empty_tables() -> list[str]:
             if table != tables()[0]:  # nullable in the model (rows older than the key)
                 cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} DROP NOT NULL")
             # Back to the model's keys: drop the partition key from the unique keys.
-            plain = _Shape(
+            plain = Shape(
                 indexes=shape.indexes,
                 uniques=[
                     (
@@ -627,12 +627,12 @@ def unpartition_empty_tables() -> list[str]:
                 ],
                 others=shape.others,
             )
-            _apply_shape_plain(table, plain)
+            apply_shape_plain(table, plain)
         done.append(table)
     return done
 
 
-def _apply_shape_plain(table: str, shape: _Shape) -> None:
+def apply_shape_plain(table: str, shape: Shape) -> None:
     with connection.cursor() as cur:
         for name, kind, cols in shape.uniques:
             what = "PRIMARY KEY" if kind == "p" else "UNIQUE"

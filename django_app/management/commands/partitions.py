@@ -26,7 +26,6 @@ from django.db import connection
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app import conf
 from django_app.db import convert, partitions
-from django_app.management.commands.prune_occurrences import _days
 
 
 class Command(BaseCommand):
@@ -39,7 +38,7 @@ class Command(BaseCommand):
         ensure.add_argument("--ahead", type=int, default=None, help="slots after the current")
         ensure.add_argument("--behind", type=int, default=0, help="slots before the current")
         drop = sub.add_parser("drop", help="drop whole slots older than --older-than days")
-        drop.add_argument("--older-than", dest="days", type=_days, required=True)
+        drop.add_argument("--older-than", dest="days", type=int, required=True, metavar="DAYS")
         drop.add_argument("--include-dead", action="store_true", help="DEAD rows do not block")
         how = drop.add_mutually_exclusive_group()
         how.add_argument(
@@ -68,6 +67,8 @@ class Command(BaseCommand):
         width = timedelta(hours=cfg.partition_width_hours)
         now = SYSTEM_CLOCK.now()
         action = options["action"]
+        if action == "drop" and options["days"] < 1:
+            raise CommandError("--older-than must be at least 1 day")
         if action == "convert":
             out: dict[str, Any] = convert.convert(
                 now,

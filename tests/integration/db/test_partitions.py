@@ -118,7 +118,7 @@ def test_the_beats_maintenance_creates_the_configured_slots(settings: Any) -> No
 def test_a_second_process_skips_while_one_holds_the_maintenance_lock() -> None:
     now = datetime(2033, 8, 1, tzinfo=UTC)
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", [partitions._LOCK_KEY])
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [partitions.LOCK_KEY])
         out = run_python(
             "from datetime import datetime, timedelta\n"
             "from django_app.db import partitions\n"
