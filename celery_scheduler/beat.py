@@ -82,6 +82,10 @@ REDELIVERY_PASS_SHARE = 0.1
 #: Seconds between two counts of the outbox backlog (the ``outbox_backlog`` gauge): one
 #: indexed count, not one per poll; Prometheus scrapes every 15 s or so anyway.
 BACKLOG_EXPORT_INTERVAL = 5.0
+#: Between two partition maintenance rounds (seconds): slots are days wide and created
+#: several ahead, so a round every few minutes is plenty, and it is one catalog read when
+#: nothing is due.
+PARTITION_MAINTENANCE_INTERVAL = 300.0
 
 
 def ensure_django() -> None:
@@ -136,6 +140,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._next_poll = 0.0
         self._next_redelivery = 0.0
         self._next_backlog_export = 0.0
+        self._next_partition_round = 0.0
         self._last_relay_poll = 0.0
         self.materialize_rate = RateMeter(assumed=ASSUMED_MATERIALIZE_ROWS_PER_SECOND)
         self._horizon: timedelta | None = None
@@ -323,6 +328,7 @@ class DatabaseScheduler(beat.Scheduler):
             self._redeliver_lost()
             self._relay_poll(relay)
             self._export_backlog()
+            self._maintain_partitions()
 
     def _export_backlog(self) -> None:
         """Set the ``outbox_backlog`` gauge, every ``BACKLOG_EXPORT_INTERVAL`` seconds."""
@@ -330,6 +336,16 @@ class DatabaseScheduler(beat.Scheduler):
             return
         self._next_backlog_export = self.clock.monotonic() + BACKLOG_EXPORT_INTERVAL
         self.backend.export_outbox_backlog(self.clock.now())
+
+    def _maintain_partitions(self) -> None:
+        """Keep the history partitions ahead of the clock, from the beat loop itself (no
+        extra process); every beat may run it: one advisory lock serialises the rounds."""
+        if self.clock.monotonic() < self._next_partition_round:
+            return
+        self._next_partition_round = self.clock.monotonic() + PARTITION_MAINTENANCE_INTERVAL
+        done = self.backend.maintain_partitions(self.clock.now())
+        if done:
+            logger.info("beat %s: partitions created/dropped: %s", self.node, ", ".join(done))
 
     def _reap_expired_leases(self) -> None:
         """Occurrences whose worker lease expired go back through the outbox (same id).

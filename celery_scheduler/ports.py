@@ -225,6 +225,11 @@ class Backend(Protocol):
 
     def export_outbox_backlog(self, now: datetime) -> int: ...
 
+    def maintain_partitions(self, now: datetime) -> list[str]:
+        """Create the history partitions ahead and drop expired ones where the database
+        is partitioned (a no-op elsewhere); many beats may call it at once."""
+        ...
+
 
 _installed: Backend | None = None
 

@@ -107,6 +107,23 @@ class SchedulerSettings:
     #: form ("600/min", "20/s"); ``None``: not throttled. Over it: 429 with Retry-After.
     #: Counted in Django's default cache (per process with the local-memory cache).
     http_rate: str | None = None
+    #: PostgreSQL: migration 0020 partitions a fresh install's history tables (occurrence,
+    #: attempt, outbox) by time. False leaves them plain (``manage.py partitions convert``
+    #: partitions them later, populated or not); read when that migration runs.
+    partitioned_history: bool = True
+    #: PostgreSQL: the width of one partition of the occurrence, attempt and outbox tables
+    #: (hours; a divisor or multiple of 24 keeps slots on UTC midnights). Slots are aligned on
+    #: the Unix epoch, so changing it leaves existing partitions as they are
+    #: (docs/howto/retention-and-scale.md).
+    partition_width_hours: int = 24
+    #: PostgreSQL: how many slots after the current one the beats keep created (they check
+    #: every few minutes; ``manage.py partitions ensure`` does the same once).
+    partitions_ahead: int = 3
+    #: PostgreSQL: beats drop whole partition slots that ended more than this many days ago
+    #: (``None``: they never do; ``manage.py partitions drop`` still can). A slot holding rows
+    #: retention must keep (unfinished, DEAD, unsent, a skip marker ahead of a cursor) is
+    #: left in place and reported (docs/explanation/retention.md).
+    partition_retention_days: int | None = None
 
 
 _FIELDS = SchedulerSettings.__dataclass_fields__

@@ -10,6 +10,7 @@ written by :mod:`django_app.querysets` (the managers, and ``transition()``).
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -27,7 +28,13 @@ from celery_scheduler.core.enums import (
     ScheduleState,
 )
 from django_app.compat import check_constraint, db_default
-from django_app.querysets import OccurrenceQuerySet, OutboxQuerySet, ScheduleQuerySet
+from django_app.querysets import (
+    OccurrenceQuerySet,
+    OutboxQuerySet,
+    PartitionKeyQuerySet,
+    ScheduleQuerySet,
+    fill_partition_key,
+)
 
 
 def _choices(enum: type) -> list[tuple[str, str]]:
@@ -494,10 +501,33 @@ class ManualRunKey(models.Model):
         return str(self.occurrence_id)
 
 
-class Attempt(models.Model):
+class PartitionKeyMixin(models.Model):
+    """The occurrence's ``scheduled_for``, copied onto its attempts and outbox row.
+
+    On PostgreSQL the three tables are range-partitioned by it (django_app.db.partitions),
+    so one day's occurrences, attempts and outbox rows live in one partition each and
+    retention drops them together. It never changes after the row is written."""
+
+    #: The occurrence's ``scheduled_for`` (the partition key on PostgreSQL).
+    scheduled_for = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        fill_partition_key([self])
+        super().save(*args, **kwargs)
+
+
+class Attempt(PartitionKeyMixin):
     """One delivery/processing try of an occurrence, under one fencing token."""
 
-    occurrence = models.ForeignKey(Occurrence, on_delete=models.CASCADE, related_name="attempts")
+    # No database foreign key: on PostgreSQL the occurrence table is partitioned and its
+    # unique key is (id, scheduled_for). Deletes cascade in the ORM, and retention deletes
+    # an occurrence's attempts with it.
+    occurrence = models.ForeignKey(
+        Occurrence, on_delete=models.CASCADE, related_name="attempts", db_constraint=False
+    )
     number = models.PositiveIntegerField()
     fencing_token = models.BigIntegerField()
     worker = models.CharField(max_length=200, blank=True, default="")
@@ -509,6 +539,8 @@ class Attempt(models.Model):
     )
     error = models.TextField(blank=True, default="")
     result = models.JSONField(null=True, blank=True)
+
+    objects = PartitionKeyQuerySet.as_manager()
 
     class Meta:
         ordering = ["occurrence", "number"]
@@ -526,13 +558,17 @@ class Attempt(models.Model):
         return f"attempt {self.number} of {self.occurrence_id} ({self.outcome})"
 
 
-class OutboxEntry(models.Model):
+class OutboxEntry(PartitionKeyMixin):
     """A message to publish for one occurrence, written in the materializing transaction.
 
     ``sent_at`` is set only after the broker accepted the message (at-least-once).
     """
 
-    occurrence = models.OneToOneField(Occurrence, on_delete=models.CASCADE, related_name="outbox")
+    # No database foreign key, as Attempt.occurrence. Unique per occurrence: on PostgreSQL
+    # (occurrence, scheduled_for), the partitioned form of the same promise.
+    occurrence = models.OneToOneField(
+        Occurrence, on_delete=models.CASCADE, related_name="outbox", db_constraint=False
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     shard = models.PositiveIntegerField(default=0)
     available_at = models.DateTimeField()

@@ -110,7 +110,31 @@ def transition(
     return False
 
 
-class OutboxQuerySet(models.QuerySet["OutboxEntry"]):
+def fill_partition_key(rows: Iterable[Any]) -> None:
+    """Set ``scheduled_for`` from the occurrence on rows whose caller left it out (one query).
+
+    The scheduler's own writers pass it; this keeps ``Attempt.objects.create(occurrence=o,
+    ...)`` and a ``bulk_create`` of hand-made rows working on every database."""
+    missing = [r for r in rows if r.scheduled_for is None and r.occurrence_id is not None]
+    if not missing:
+        return
+    occurrence = missing[0]._meta.get_field("occurrence").related_model
+    ids = {r.occurrence_id for r in missing}
+    times = dict(occurrence.objects.filter(pk__in=ids).values_list("pk", "scheduled_for"))
+    for r in missing:
+        r.scheduled_for = times.get(r.occurrence_id)
+
+
+class PartitionKeyQuerySet(models.QuerySet[Any]):
+    """Rows that carry their occurrence's ``scheduled_for`` (Attempt, OutboxEntry)."""
+
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        objs = list(objs)
+        fill_partition_key(objs)
+        return super().bulk_create(objs, *args, **kwargs)
+
+
+class OutboxQuerySet(PartitionKeyQuerySet):
     def unsent(self) -> OutboxQuerySet:
         return self.filter(sent_at__isnull=True)
 

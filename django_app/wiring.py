@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.reports import MaterializeReport
@@ -31,10 +31,10 @@ from celery_scheduler.publishers import Publisher, celery_publisher
 from django_app import conf
 from django_app.cluster import reshard
 from django_app.cluster.shards import LeaseKeeper, ShardLeaser
-from django_app.db import checks
+from django_app.db import checks, partitions
 from django_app.materialize import per_schedule
 from django_app.models import BeatNode, Schedule, ShardLease
-from django_app.operations import metrics_server, observe
+from django_app.operations import metrics_server, observe, retention
 from django_app.relay import redelivery
 from django_app.relay.batch import LookaheadRelay
 from django_app.relay.burst import BurstRelay
@@ -147,3 +147,26 @@ class DjangoBackend:
 
     def export_outbox_backlog(self, now: datetime) -> int:
         return observe.export_outbox_backlog(now)
+
+    def maintain_partitions(self, now: datetime) -> list[str]:
+        """PostgreSQL with partitioned history: create the slots ahead and (when
+        ``partition_retention_days`` is set) drop the expired ones; a no-op elsewhere."""
+        if connection.vendor != "postgresql" or not partitions.is_partitioned():
+            return []
+        cfg = conf.get()
+        width = timedelta(hours=cfg.partition_width_hours)
+        try:
+            done = partitions.ensure(now, width=width, ahead=cfg.partitions_ahead).created
+            if cfg.partition_retention_days is not None:
+                dropped = partitions.drop_old(
+                    now,
+                    timedelta(days=cfg.partition_retention_days),
+                    on_prune=retention.record_pruned,
+                )
+                done += dropped.dropped
+                for name, why in dropped.refused.items():
+                    logger.warning("partition %s kept: rows that may still run %s", name, why)
+        except DatabaseError as exc:  # a lock not granted in time: the next round retries
+            logger.warning("partition maintenance skipped this round: %s", exc)
+            return []
+        return done

@@ -412,6 +412,7 @@ def write_outbox(schedule: Schedule, fire_rows: list[dict[str, Any]], created: s
     OutboxEntry.objects.bulk_create(
         OutboxEntry(
             occurrence_id=row["id"],
+            scheduled_for=row["scheduled_for"],
             tenant_id=schedule.tenant_id,
             shard=schedule.shard,
             available_at=row["available_at"],

@@ -373,6 +373,7 @@ def _insert_outbox(
     entries = [
         {
             "occurrence_id": row["id"],
+            "scheduled_for": row["scheduled_for"],
             "tenant_id": owner[row["id"]].tenant_id,
             "shard": owner[row["id"]].shard,
             "available_at": row["available_at"],

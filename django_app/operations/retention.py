@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 
 from celery_scheduler.core.enums import OccurrenceState as S
@@ -239,7 +239,11 @@ def _delete_occurrence_batch(state: str, cutoff: datetime, size: int) -> tuple[i
         sent = OutboxEntry.objects.filter(occurrence_id__in=ids, sent_at__isnull=False)
         outbox, _ = sent.delete()
         # One plain DELETE, no ORM cascade: should an unsent outbox row still point at one
-        # of these ids, the foreign key fails the batch instead of silently deleting it.
+        # of these ids, the batch fails instead of silently orphaning it. (The outbox's
+        # foreign key is no database constraint since the history tables are partitioned on
+        # PostgreSQL: the check is this read, under the batch's row locks.)
+        if OutboxEntry.objects.filter(occurrence_id__in=ids).exists():
+            raise IntegrityError("an unsent outbox row still points at an occurrence to delete")
         occurrences = Occurrence.objects.filter(id__in=ids)._raw_delete(connection.alias)
         return occurrences, attempts, outbox
 

@@ -111,7 +111,8 @@ def backfill(
         created = insert_ignore(Occurrence, rows)
         OutboxEntry.objects.bulk_create(
             OutboxEntry(
-                occurrence_id=row["id"], tenant_id=schedule.tenant_id, shard=schedule.shard,
+                occurrence_id=row["id"], scheduled_for=row["scheduled_for"],
+                tenant_id=schedule.tenant_id, shard=schedule.shard,
                 available_at=row["available_at"], priority=schedule.priority,
             )
             for row in rows

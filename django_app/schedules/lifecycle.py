@@ -580,8 +580,8 @@ def run_now(
             scheduled_for=now, available_at=now, manual=True, reason="run now",
         )  # fmt: skip
         OutboxEntry.objects.create(
-            occurrence=occurrence, tenant_id=schedule.tenant_id, shard=schedule.shard,
-            available_at=now, priority=schedule.priority,
+            occurrence=occurrence, scheduled_for=now, tenant_id=schedule.tenant_id,
+            shard=schedule.shard, available_at=now, priority=schedule.priority,
         )  # fmt: skip
         if idempotency_key is not None:
             ManualRunKey.objects.create(

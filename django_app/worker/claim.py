@@ -274,8 +274,9 @@ def _mark_stale(occ: Occurrence, worker: str, now: datetime, reason: str) -> Cla
         reason=reason, lease_owner="", lease_expires_at=None,
     )  # fmt: skip
     Attempt.objects.create(
-        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker,
-        started_at=now, finished_at=now, outcome=AttemptOutcome.STALE, error=reason,
+        occurrence_id=occ.pk, scheduled_for=occ.scheduled_for, number=number,
+        fencing_token=token, worker=worker, started_at=now, finished_at=now,
+        outcome=AttemptOutcome.STALE, error=reason,
     )  # fmt: skip
     observe.worker_event("stale_occurrences")
     logger.info(
@@ -414,8 +415,9 @@ def _start(
         lease_expires_at=now + lease, started_at=now, finished_at=None, retry_at=None, reason="",
     )  # fmt: skip
     Attempt.objects.create(
-        occurrence_id=occ.pk, number=number, fencing_token=token, worker=worker, started_at=now
-    )
+        occurrence_id=occ.pk, scheduled_for=occ.scheduled_for, number=number,
+        fencing_token=token, worker=worker, started_at=now,
+    )  # fmt: skip
     # A first attempt has no earlier FAILED one to count from: skip the read.
     last_dead = None
     if number > 1:

@@ -53,8 +53,8 @@ def republish(occ: Occurrence, at: datetime) -> None:
     if n == 0:  # occurrences created without an outbox row (imports, tests)
         shard, priority = Schedule.objects.values_list("shard", "priority").get(pk=occ.schedule_id)
         OutboxEntry.objects.create(
-            occurrence_id=occ.pk, tenant_id=occ.tenant_id, shard=shard, priority=priority,
-            available_at=at,
+            occurrence_id=occ.pk, scheduled_for=occ.scheduled_for, tenant_id=occ.tenant_id,
+            shard=shard, priority=priority, available_at=at,
         )  # fmt: skip
 
 

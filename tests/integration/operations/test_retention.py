@@ -316,7 +316,7 @@ def test_text_summary(schedule: Schedule) -> None:
 def test_a_batch_that_would_orphan_an_unsent_outbox_row_fails_whole(
     tenant_factory: Any, monkeypatch: Any
 ) -> None:
-    """Belt and braces behind the eligibility filter: the foreign key refuses the delete."""
+    """Belt and braces behind the eligibility filter: the batch refuses the delete."""
     schedule = make_schedule(tenant_factory())
     sent = add(schedule, S.SUCCEEDED, due_days_ago=42, finished_days_ago=41)
     unsent = add(schedule, S.SUCCEEDED, due_days_ago=41, finished_days_ago=40, outbox="unsent")

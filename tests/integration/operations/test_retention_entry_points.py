@@ -127,7 +127,7 @@ def test_a_partition_drop_that_calls_record_pruned_keeps_keys_and_refuses_backfi
 
 @pytest.mark.django_db
 def test_the_migration_writes_a_key_row_for_each_keyed_run_now_that_exists() -> None:
-    migration = importlib.import_module("django_app.migrations.0019_ret_pruned_history")
+    migration = importlib.import_module("django_app.migrations.0019_pruned_history")
     now = datetime.now(UTC)
     s = api.create_schedule(name="report", task="billing.ping", cron="0 * * * *")
     keyed = api.run_now(s.id, idempotency_key="deploy-1")

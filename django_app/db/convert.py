@@ -1,0 +1,268 @@
+"""PostgreSQL: partition a populated install's history tables with a short, bounded lock.
+
+The classic way (docs/howto/retention-and-scale.md), for the occurrence, attempt and outbox tables:
+
+1. Fill ``scheduled_for`` on attempts and outbox rows from their occurrence, in batches
+   (row locks of one batch at a time).
+2. Build, ``CONCURRENTLY`` (reads and writes go on), the unique indexes a partitioned table
+   needs: each unique key with the partition key added.
+3. Add ``CHECK (scheduled_for IS NOT NULL AND scheduled_for < B) NOT VALID``, where ``B`` is
+   a slot boundary ``--margin-days`` ahead (a brief lock, no scan). Rows already dated at
+   or after ``B`` (far-future skip markers, a few) are set aside in a holding table; from here
+   to the swap, a write of a row dated at or after ``B`` fails its check and its caller
+   retries (the materializer plans minutes ahead, so only such far-future writes can).
+4. ``VALIDATE CONSTRAINT``: the one scan of the table, under SHARE UPDATE EXCLUSIVE
+   (reads and writes go on).
+5. **The swap, one transaction under ACCESS EXCLUSIVE on the three tables**, each lock
+   request bounded by ``lock_timeout`` (retried when not granted): the unique keys switch
+   to the prebuilt indexes, the table is renamed ``<table>__history``, an empty partitioned
+   table takes its name, indexes and constraints, and the old table is attached as the
+   partition ``[MINVALUE, B)``: the validated check spares the scan, the prebuilt indexes
+   spare the builds, so the lock covers catalog work only. The default partition and the
+   slots from ``B`` are created. The lock time is reported (bench/README.md has a figure on
+   millions of rows). Then, in a transaction of their own, the set-aside rows go back
+   through the parent (to their slots, or the default partition).
+
+The history partition is never dropped by ``partitions drop`` (its range starts at
+MINVALUE): the batched ``prune_occurrences`` keeps serving it until it is empty; then an
+operator may drop it (``DROP TABLE <table>__history`` after ``DETACH``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+
+from django_app.db import partitions
+from django_app.db.partitions import KEY, Shape, apply_shape, slot_of, table_shape
+
+_CHECK = "{}_history_range"
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+_HOLD = "{}__future"
+
+
+@dataclass
+class ConvertReport:
+    converted: list[str] = field(default_factory=list)
+    boundary: datetime | None = None
+    backfilled: dict[str, int] = field(default_factory=dict)
+    set_aside: dict[str, int] = field(default_factory=dict)
+    #: Seconds per step; ``lock_held``: how long the ACCESS EXCLUSIVE locks were held (the
+    #: swap transaction, from its LOCK to its commit).
+    seconds: dict[str, float] = field(default_factory=dict)
+    swap_attempts: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "converted": self.converted,
+            "boundary": None if self.boundary is None else self.boundary.isoformat(),
+            "backfilled": self.backfilled,
+            "set_aside": self.set_aside,
+            "seconds": self.seconds,
+            "swap_attempts": self.swap_attempts,
+        }
+
+
+def _exec(sql: str, params: list[Any] | None = None) -> Any:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone() if cur.description else None
+
+
+def convert(
+    now: datetime,
+    *,
+    width: timedelta,
+    ahead: int,
+    lock_timeout_ms: int = 5000,
+    batch: int = 50_000,
+    margin: timedelta = timedelta(days=2),
+    swap_tries: int = 20,
+    log: Callable[[str], Any] = lambda _: None,
+) -> ConvertReport:
+    """Partition the three plain tables (see the module doc); a no-op when already done."""
+    report = ConvertReport()
+    if partitions.is_partitioned():
+        log("already partitioned")
+        return report
+    tables = partitions.tables()
+    occ = tables[0]
+    boundary, _ = slot_of(now + margin, width)
+    report.boundary = boundary
+    clock = time.monotonic()
+
+    for table in tables[1:]:
+        report.backfilled[table] = _backfill(table, occ, batch)
+    report.seconds["backfill"] = round(time.monotonic() - clock, 3)
+    log(f"backfilled {report.backfilled}")
+
+    clock = time.monotonic()
+    shapes = {t: table_shape(t) for t in tables}
+    for table in tables:
+        for name, _kind, cols in shapes[table].uniques:
+            cols = cols if KEY in cols else [*cols, KEY]
+            _exec(
+                f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {_q(name + '_k')} "
+                f"ON {_q(table)} ({', '.join(_q(c) for c in cols)})"
+            )
+    report.seconds["indexes"] = round(time.monotonic() - clock, 3)
+    log(f"unique indexes with {KEY} built in {report.seconds['indexes']}s")
+
+    clock = time.monotonic()
+    for table in tables:
+        with transaction.atomic():
+            _exec(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            _exec(
+                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(_CHECK.format(table))} "
+                f"CHECK ({KEY} IS NOT NULL AND {KEY} < %s) NOT VALID".replace(
+                    "%s", f"'{boundary.isoformat()}'::timestamptz"
+                )
+            )
+    for table in tables:
+        with transaction.atomic():
+            hold = _HOLD.format(table)
+            _exec(f"CREATE TABLE {_q(hold)} (LIKE {_q(table)} INCLUDING DEFAULTS)")
+            names = ", ".join(_q(c) for c in partitions.columns(table))
+            row = _exec(
+                f"WITH m AS (DELETE FROM {_q(table)} WHERE {KEY} >= %s RETURNING {names}) "
+                f", i AS (INSERT INTO {_q(hold)} ({names}) SELECT {names} FROM m RETURNING 1) "
+                f"SELECT count(*) FROM i",
+                [boundary],
+            )
+            report.set_aside[table] = int(row[0])
+    report.seconds["set_aside"] = round(time.monotonic() - clock, 3)
+
+    clock = time.monotonic()
+    try:
+        for table in tables:
+            _exec(f"ALTER TABLE {_q(table)} VALIDATE CONSTRAINT {_q(_CHECK.format(table))}")
+    except DatabaseError:
+        _undo(tables)
+        raise
+    report.seconds["validate"] = round(time.monotonic() - clock, 3)
+    log(f"checks validated in {report.seconds['validate']}s")
+
+    for attempt in range(1, swap_tries + 1):
+        report.swap_attempts = attempt
+        clock = time.monotonic()
+        try:
+            with transaction.atomic():
+                _exec(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+                _exec("SET LOCAL TimeZone = 'UTC'")
+                for table in tables:
+                    _exec(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
+                for table in tables:
+                    _swap(table, shapes[table], boundary)
+                report.seconds["swap_catalog"] = round(time.monotonic() - clock, 3)
+                partitions.ensure(now, width=width, ahead=ahead, wait=True)
+            report.seconds["lock_held"] = round(time.monotonic() - clock, 3)
+            break
+        except DatabaseError as exc:
+            log(f"swap attempt {attempt}: {exc}".strip())
+            if attempt == swap_tries:
+                _undo(tables)
+                raise
+            time.sleep(min(2.0, 0.1 * attempt))
+    # The set-aside rows go back after the commit, not under the locks: they were out of
+    # sight since step 3 already, and their number is the operator's.
+    clock = time.monotonic()
+    with transaction.atomic():
+        for table in tables:
+            hold = _HOLD.format(table)
+            names = ", ".join(_q(c) for c in partitions.columns(table))
+            _exec(
+                f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
+                f"DROP TABLE {_q(hold)}"
+            )
+    report.seconds["routed_back"] = round(time.monotonic() - clock, 3)
+    report.converted = tables
+    log(f"locks held {report.seconds['lock_held']}s (try {report.swap_attempts})")
+    return report
+
+
+def _backfill(table: str, occ: str, batch: int) -> int:
+    done = 0
+    while True:
+        with transaction.atomic():
+            row = _exec(
+                f"WITH b AS (SELECT id FROM {_q(table)} WHERE {KEY} IS NULL LIMIT {int(batch)} "
+                f"FOR UPDATE SKIP LOCKED), u AS (UPDATE {_q(table)} t SET {KEY} = o.{KEY} "
+                f"FROM b, {_q(occ)} o WHERE t.id = b.id AND o.id = t.occurrence_id "
+                f"RETURNING 1) SELECT count(*) FROM u"
+            )
+        n = int(row[0])
+        done += n
+        if n == 0:
+            break
+    # Orphans (an occurrence deleted behind the ORM's back): their own time is as good.
+    own = "started_at" if table.endswith("attempt") else "created_at"
+    _exec(f"UPDATE {_q(table)} SET {KEY} = {own} WHERE {KEY} IS NULL")
+    return done
+
+
+def _swap(table: str, shape: Shape, boundary: datetime) -> None:
+    """Under the lock: ``table`` becomes ``<table>__history``, attached to a new
+    partitioned ``table`` as ``[MINVALUE, boundary)``. Catalog work only."""
+    history = f"{table}__history"
+    _exec(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} SET NOT NULL")  # the check proves it
+    for name, kind, _cols in shape.uniques:
+        what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+        _exec(f"ALTER TABLE {_q(table)} DROP CONSTRAINT {_q(name)}")
+        _exec(
+            f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + '__h')} {what} "
+            f"USING INDEX {_q(name + '_k')}"
+        )
+    for name, _sql in shape.indexes:
+        _exec(f"ALTER INDEX {_q(name)} RENAME TO {_q(name + '__h')}")
+    _exec(f"ALTER TABLE {_q(table)} RENAME TO {_q(history)}")
+    _exec(
+        f"CREATE TABLE {_q(table)} (LIKE {_q(history)} INCLUDING DEFAULTS INCLUDING IDENTITY "
+        f"INCLUDING GENERATED) PARTITION BY RANGE ({KEY})"
+    )
+    identity = _exec(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity <> ''",
+        [history],
+    )
+    if identity:
+        col = identity[0]
+        # The new table's sequence goes on from the old one's last value.
+        _exec(
+            f"SELECT setval(pg_get_serial_sequence(%s, %s), "
+            f"greatest((SELECT max({_q(col)}) FROM {_q(history)}), 1))",
+            [table, col],
+        )
+        _exec(f"ALTER TABLE {_q(history)} ALTER COLUMN {_q(col)} DROP IDENTITY")
+    apply_shape(table, shape)
+    _exec(
+        f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(history)} "
+        f"FOR VALUES FROM (MINVALUE) TO (%s)",
+        [boundary],
+    )
+    _exec(f"ALTER TABLE {_q(history)} DROP CONSTRAINT {_q(_CHECK.format(table))}")
+    _exec(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+    partitions.name_indexes(table + "_default")
+    partitions.name_indexes(history)
+
+
+def _undo(tables: list[str]) -> None:
+    """Give up before the swap: drop the checks and put the set-aside rows back."""
+    for table in tables:
+        with transaction.atomic():
+            _exec(f"ALTER TABLE {_q(table)} DROP CONSTRAINT IF EXISTS {_q(_CHECK.format(table))}")
+            hold = _HOLD.format(table)
+            if _exec("SELECT to_regclass(%s) IS NOT NULL", [hold])[0]:
+                cols = ", ".join(_q(c) for c in partitions.columns(table))
+                _exec(
+                    f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(hold)}; "
+                    f"DROP TABLE {_q(hold)}"
+                )

@@ -1,0 +1,673 @@
+"""PostgreSQL: occurrence history range-partitioned by time (docs/howto/retention-and-scale.md).
+
+The occurrence, attempt and outbox tables are partitioned by ``scheduled_for`` (the
+occurrence's, copied onto its attempts and outbox row), one partition per
+``partition_width_hours`` slot aligned on the Unix epoch (UTC midnights by default), named
+``<table>_pYYYYMMDD`` (``_pYYYYMMDDHH`` for widths under a day). The three tables always
+have the same slots, so one day's occurrences, attempts and outbox rows go together.
+
+- **Every row has a home.** Each table has a DEFAULT partition: a row dated where no slot
+  exists yet (a frozen test clock, a backfill years back, a far-future skip marker) goes
+  there. Creating a slot moves the default partition's rows of that range into it in the
+  same transaction, so no row is ever outside the partition its key names.
+- **Created ahead, by the running beats** (:func:`ensure`, every few minutes from the beat
+  loop, and ``manage.py partitions ensure``): the slots from the current one to
+  ``partitions_ahead`` later. One transaction-scoped advisory lock serialises the
+  beats: a beat that does not get it skips the round (another one is doing it).
+- **Retention drops whole slots** (:func:`drop_old`): a slot entirely older than the cutoff
+  goes with ``DETACH PARTITION`` + ``DROP TABLE``, in one transaction, after checking
+  that nothing in it may still run or be replayed; see :func:`drop_old` for what blocks a
+  drop and what ``move``/``force`` do. PostgreSQL refuses ``DETACH ... CONCURRENTLY`` on a
+  table with a default partition, so the detach takes its ACCESS EXCLUSIVE lock on the
+  parent for a catalog change only (no scan), bounded by ``lock_timeout``; a round that
+  cannot get it gives up and the next one tries again.
+- Uniqueness: PostgreSQL requires the partition key in every unique key, so the primary
+  keys are ``(id, scheduled_for)`` and ``(occurrence_id, scheduled_for)`` is the outbox's
+  one-row-per-occurrence key. Nothing weakens: an occurrence id is a hash of its schedule,
+  version and ``scheduled_for`` (and a manual one's time never changes), so one id never
+  has two keys; ``(schedule, schedule_version, scheduled_for)`` held the key already.
+
+SQLite and MariaDB keep plain tables and the batched ``DELETE`` of
+:mod:`django_app.operations.retention`, which also still runs here (over every partition).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from django_app.models import Occurrence
+
+logger = logging.getLogger(__name__)
+
+#: The partitioned tables, all keyed by the occurrence's time: (model label, key column).
+KEY = "scheduled_for"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: pg_advisory_xact_lock key (an arbitrary constant: "cs partitions").
+LOCK_KEY = 0x63737061
+#: How long one maintenance statement waits for a table lock before the round gives up.
+DEFAULT_LOCK_TIMEOUT_MS = 2000
+
+
+def tables() -> list[str]:
+    """The partitioned tables' names, occurrence first (the others follow its slots)."""
+    from django_app.models import Attempt, Occurrence, OutboxEntry
+
+    return [m._meta.db_table for m in (Occurrence, Attempt, OutboxEntry)]
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def is_partitioned(table: str | None = None) -> bool:
+    """Whether ``table`` (default: the occurrence table) is a partitioned table here."""
+    if connection.vendor != "postgresql":
+        return False
+    table = table or tables()[0]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
+            "WHERE c.relname = %s AND pg_table_is_visible(c.oid)",
+            [table],
+        )
+        return cur.fetchone() is not None
+
+
+# -- slots ---------------------------------------------------------------------------------
+
+
+def slot_of(at: datetime, width: timedelta) -> tuple[datetime, datetime]:
+    """The ``[start, end)`` slot holding ``at``: a multiple of ``width`` from the epoch."""
+    n = (at - _EPOCH) // width
+    start = _EPOCH + n * width
+    return start, start + width
+
+
+def slot_name(table: str, start: datetime, width: timedelta) -> str:
+    fmt = "%Y%m%d" if width % timedelta(days=1) == timedelta(0) else "%Y%m%d%H%M"
+    return f"{table}_p{start.astimezone(UTC).strftime(fmt)}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    #: None: MINVALUE / MAXVALUE; both None with ``default``: the DEFAULT partition.
+    start: datetime | None
+    end: datetime | None
+    default: bool = False
+
+
+_BOUND = re.compile(r"FOR VALUES FROM \((.+?)\) TO \((.+?)\)")
+
+
+def _bound(text: str) -> datetime | None:
+    text = text.strip().strip("'")
+    if text in ("MINVALUE", "MAXVALUE"):
+        return None
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def partitions(table: str) -> list[Partition]:
+    """``table``'s partitions with their bounds, in no particular order."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+            [table],
+        )
+        rows = cur.fetchall()
+    out = []
+    for name, bound in rows:
+        if bound == "DEFAULT":
+            out.append(Partition(name, None, None, default=True))
+            continue
+        m = _BOUND.search(bound)
+        if m is None:  # not ours (list/hash): leave it alone
+            continue
+        out.append(Partition(name, _bound(m.group(1)), _bound(m.group(2))))
+    return out
+
+
+def _overlaps(p: Partition, start: datetime, end: datetime) -> bool:
+    if p.default:
+        return False
+    return (p.start is None or p.start < end) and (p.end is None or start < p.end)
+
+
+# -- creating ahead ------------------------------------------------------------------------
+
+
+@dataclass
+class EnsureReport:
+    created: list[str] = field(default_factory=list)
+    #: Rows moved out of the default partitions into the new slots.
+    moved: int = 0
+    #: False: another process held the maintenance lock (it is doing the same work).
+    locked: bool = True
+
+
+@contextmanager
+def _maintenance(lock_timeout_ms: int, *, wait: bool) -> Iterator[bool]:
+    """One transaction under the partition maintenance advisory lock; yields False (and
+    does nothing) when another process holds it and ``wait`` is false."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL TimeZone = 'UTC'")
+        cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+        # Deferred foreign key checks of rows this transaction wrote (a caller's atomic
+        # block) run now: PostgreSQL will not detach or drop a table they are pending on.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        if wait:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            yield True
+            return
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
+        row = cur.fetchone()
+        yield bool(row and row[0])
+
+
+def ensure(
+    now: datetime,
+    *,
+    width: timedelta,
+    ahead: int,
+    behind: int = 0,
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+    wait: bool = False,
+) -> EnsureReport:
+    """Create the slots from ``behind`` before ``now``'s to ``ahead`` after it, on every
+    partitioned table, where no partition covers them yet. Idempotent; safe from many
+    processes at once (one does the work, the others skip unless ``wait``)."""
+    report = EnsureReport()
+    if not is_partitioned():
+        return report
+    first, _ = slot_of(now, width)
+    wanted = [(first + k * width, first + (k + 1) * width) for k in range(-behind, ahead + 1)]
+    with _maintenance(lock_timeout_ms, wait=wait) as got:
+        if not got:
+            report.locked = False
+            return report
+        todo = {}
+        for table in tables():
+            existing = partitions(table)
+            missing = [(s, e) for s, e in wanted if not any(_overlaps(p, s, e) for p in existing)]
+            if missing:
+                todo[table] = (existing, missing)
+        if todo:
+            _lock_parents()
+        for table, (existing, missing) in todo.items():
+            for start, end in missing:
+                report.moved += _create_slot(table, start, end, width, existing)
+                report.created.append(slot_name(table, start, width))
+    if report.created:
+        logger.info("partitions created: %s", ", ".join(report.created))
+    return report
+
+
+def _lock_parents() -> None:
+    """ACCESS EXCLUSIVE on the three parents (and so every partition), in one order.
+
+    Creating or detaching a partition takes it anyway; taking it first, on all three, means
+    every statement that touches these tables either finished before or is planned after
+    this transaction commits: it sees the moved rows where they now are, never a row
+    "deleted" from under its lock by the move. Catalog work only is done under it, plus the
+    move of the few rows a default partition held; ``lock_timeout`` bounds the wait."""
+    with connection.cursor() as cur:
+        for table in tables():
+            cur.execute(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
+
+
+def _create_slot(
+    table: str, start: datetime, end: datetime, width: timedelta, existing: list[Partition]
+) -> int:
+    """Create one slot; move the default partition's rows of its range into it first."""
+    name = slot_name(table, start, width)
+    default = next((p.name for p in existing if p.default), None)
+    with connection.cursor() as cur:
+        if default is None:
+            cur.execute(
+                f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
+                [start, end],
+            )
+            name_indexes(name)
+            return 0
+        cur.execute(
+            f"SELECT count(*) FROM {_q(default)} WHERE {KEY} >= %s AND {KEY} < %s", [start, end]
+        )
+        (n,) = cur.fetchone() or (0,)
+        if not n:
+            cur.execute(
+                f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
+                [start, end],
+            )
+            name_indexes(name)
+            return 0
+        cols = ", ".join(_q(c) for c in columns(table))
+        cur.execute(
+            f"CREATE TABLE {_q(name)} (LIKE {_q(table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        cur.execute(
+            f"WITH moved AS (DELETE FROM {_q(default)} WHERE {KEY} >= %s AND {KEY} < %s "
+            f"RETURNING {cols}) INSERT INTO {_q(name)} ({cols}) SELECT {cols} FROM moved",
+            [start, end],
+        )
+        cur.execute(
+            f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(name)} FOR VALUES FROM (%s) TO (%s)",
+            [start, end],
+        )
+        name_indexes(name)
+        return int(n)
+
+
+def name_indexes(partition: str) -> None:
+    """Name ``partition``'s indexes after the parent's (``<parent index>__<slot>``), not
+    PostgreSQL's ``<partition>_<columns>_idx``: a plan then names the model's index, as on
+    a plain table (``occurrence_schedule_time__p20261202``)."""
+    suffix = partition.rsplit("_", 1)[-1]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT ci.relname, pi.relname FROM pg_index x JOIN pg_class ci ON ci.oid = "
+            "x.indexrelid JOIN pg_inherits h ON h.inhrelid = ci.oid JOIN pg_class pi ON "
+            "pi.oid = h.inhparent WHERE x.indrelid = %s::regclass",
+            [partition],
+        )
+        for child, parent in cur.fetchall():
+            wanted = f"{parent[: 62 - len(suffix)]}_{suffix}"
+            if child != wanted:
+                cur.execute(f"ALTER INDEX {_q(child)} RENAME TO {_q(wanted)}")
+
+
+def columns(table: str) -> list[str]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum",
+            [table],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+# -- retention -----------------------------------------------------------------------------
+
+
+@dataclass
+class DropReport:
+    cutoff: datetime
+    dry_run: bool
+    #: Slots dropped (or, with dry_run, that would be): occurrence partition names.
+    dropped: list[str] = field(default_factory=list)
+    #: Rows of the dropped slots, per table.
+    rows: dict[str, int] = field(default_factory=dict)
+    #: Slots kept because rows in them may still run or be replayed: name -> blocking
+    #: rows by reason, and a few of their occurrence ids.
+    refused: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Blocking rows moved into the default partition (``move``), and dropped (``force``).
+    moved: int = 0
+    forced: int = 0
+    locked: bool = True
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cutoff": self.cutoff.isoformat(),
+            "dry_run": self.dry_run,
+            "dropped": self.dropped,
+            "rows": self.rows,
+            "refused": self.refused,
+            "moved": self.moved,
+            "forced": self.forced,
+            "locked": self.locked,
+        }
+
+
+def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
+    """Rows of one occurrence partition that retention must not delete (the rules of
+    django_app.operations.retention): not terminal (DEAD too unless ``include_dead``), an
+    unsent outbox row, or a time the schedule's live version has not passed yet (a skip
+    marker: deleting it would let the time run)."""
+    from celery_scheduler.core.enums import OccurrenceState as S
+    from django_app.models import Schedule
+    from django_app.operations.retention import PRUNABLE_STATES
+
+    states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
+    terminal = ", ".join(f"'{s}'" for s in states)
+    sched = _q(Schedule._meta.db_table)
+    return f"""
+        SELECT o.id, CASE
+            WHEN o.state NOT IN ({terminal}) THEN o.state
+            WHEN EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id
+                         AND b.sent_at IS NULL) THEN 'UNSENT_OUTBOX'
+            ELSE 'AHEAD_OF_CURSOR' END
+        FROM {occ} o
+        WHERE o.state NOT IN ({terminal})
+           OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
+           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {sched} s WHERE s.id = o.schedule_id
+               AND s.version = o.schedule_version AND s.next_run_at IS NOT NULL
+               AND s.next_run_at <= o.scheduled_for))
+    """
+
+
+def drop_old(
+    now: datetime,
+    older_than: timedelta,
+    *,
+    include_dead: bool = False,
+    move: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    on_prune: Callable[[QuerySet[Occurrence]], None],
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+    wait: bool = False,
+) -> DropReport:
+    """Drop every slot that ends at or before ``now - older_than``, on all three tables.
+
+    ``on_prune`` is retention's bookkeeping (``django_app.operations.retention.record_pruned``,
+    passed in by the caller: this package sits below it): it is called in the detaching
+    transaction, before the detach, with exactly the occurrences that go.
+
+    A slot holding rows retention must keep (:func:`_blocking_sql`: unfinished work, DEAD
+    rows unless ``include_dead``, unsent outbox rows, skip markers ahead of a cursor) is
+    **refused**: left in place and reported with its blocking rows, and the older and newer
+    slots are still considered. ``move``: those rows (with their attempts and outbox row)
+    are re-inserted through the parent in the same transaction as the detach, which routes
+    them to the default partition (no slot covers their range any more): they stay where
+    every reader finds them, and the batched prune deletes them once they may go.
+    ``force``: they are dropped with the slot. The DEFAULT partition and the history
+    partition of a converted install (its range starts at MINVALUE) are never dropped here:
+    the batched prune serves them.
+    """
+    cutoff = now - older_than
+    report = DropReport(cutoff=cutoff, dry_run=dry_run)
+    if not is_partitioned():
+        return report
+    occ_t, att_t, out_t = tables()
+    with _maintenance(lock_timeout_ms, wait=wait) as got:
+        if not got:
+            report.locked = False
+            return report
+        slots = sorted(
+            (p for p in partitions(occ_t) if p.start is not None and p.end is not None),
+            key=lambda p: p.start or _EPOCH,
+        )
+        siblings = {
+            t: {(p.start, p.end): p.name for p in partitions(t) if not p.default}
+            for t in (att_t, out_t)
+        }
+    for p in slots:
+        if p.start is None or p.end is None or p.end > cutoff:
+            continue
+        names = {
+            occ_t: p.name,
+            att_t: siblings[att_t].get((p.start, p.end)),
+            out_t: siblings[out_t].get((p.start, p.end)),
+        }
+        _drop_slot(
+            report,
+            names,
+            (p.start, p.end),
+            on_prune,
+            include_dead=include_dead,
+            move=move,
+            force=force,
+            dry_run=dry_run,
+            lock_timeout_ms=lock_timeout_ms,
+            wait=wait,
+        )
+    return report
+
+
+def _drop_slot(
+    report: DropReport,
+    names: dict[str, str | None],
+    span: tuple[datetime, datetime],
+    on_prune: Callable[[QuerySet[Occurrence]], None],
+    *,
+    include_dead: bool,
+    move: bool,
+    force: bool,
+    dry_run: bool,
+    lock_timeout_ms: int,
+    wait: bool,
+) -> None:
+    occ_t, _att_t, out_t = tables()
+    occ_p = names[occ_t]
+    assert occ_p is not None
+    out_p = names[out_t] or out_t
+    with _maintenance(lock_timeout_ms, wait=wait) as got:
+        if not got:
+            report.locked = False
+            return
+        with connection.cursor() as cur:
+            for locked in (False, True):
+                if locked:
+                    # Writers of these rows (a worker finishing, a relay marking, a backfill
+                    # into the past) finish first; new ones wait for the commit, then find
+                    # the rows where they now live. Read again under the lock.
+                    _lock_parents()
+                cur.execute(_blocking_sql(_q(occ_p), _q(out_p), include_dead))
+                blocking = cur.fetchall()
+                counts: dict[str, int] = {}
+                for _, why in blocking:
+                    counts[why] = counts.get(why, 0) + 1
+                if blocking and not (move or force):
+                    report.refused[occ_p] = {
+                        "blocking": counts,
+                        "occurrence_ids": sorted(str(i) for i, _ in blocking)[:10],
+                    }
+                    return
+                if dry_run:
+                    break
+            sizes = {}
+            for table, part in names.items():
+                if part:
+                    cur.execute(f"SELECT count(*) FROM {_q(part)}")
+                    sizes[table] = int((cur.fetchone() or (0,))[0])
+            if dry_run:
+                report.dropped.append(occ_p)
+                for t, n in sizes.items():
+                    report.rows[t] = report.rows.get(t, 0) + n
+                return
+            kept_ids = [i for i, _ in blocking] if move else []
+            from django_app.models import Occurrence  # migration 0020 imports this module
+
+            on_prune(
+                Occurrence.objects.filter(
+                    scheduled_for__gte=span[0], scheduled_for__lt=span[1]
+                ).exclude(id__in=kept_ids)
+            )
+            for table, part in names.items():
+                if part:
+                    cur.execute(f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part)}")
+            if kept_ids:
+                for table, part in names.items():
+                    if not part:
+                        continue
+                    cols = ", ".join(_q(c) for c in columns(table))
+                    ref = "id" if table == occ_t else "occurrence_id"
+                    cur.execute(
+                        f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(part)} "
+                        f"WHERE {ref} = ANY(%s)",
+                        [kept_ids],
+                    )
+                report.moved += len(kept_ids)
+            elif blocking:
+                report.forced += len(blocking)
+            for part in names.values():
+                if part:
+                    cur.execute(f"DROP TABLE {_q(part)}")
+            report.dropped.append(occ_p)
+            for t, n in sizes.items():
+                report.rows[t] = report.rows.get(t, 0) + n
+    logger.info("partition slot %s dropped (%s)", occ_p, sizes)
+
+
+# -- turning plain tables into partitioned ones ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a plain table carries that its partitioned form must carry too."""
+
+    #: (name, CREATE INDEX statement) of indexes that back no constraint.
+    indexes: list[tuple[str, str]]
+    #: (name, kind 'p'/'u', column list) of primary key and unique constraints.
+    uniques: list[tuple[str, str, list[str]]]
+    #: (name, definition) of foreign keys and checks.
+    others: list[tuple[str, str]]
+
+
+def table_shape(table: str) -> Shape:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
+            "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = %s::regclass "
+            "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid "
+            "AND c.conrelid = x.indrelid) ORDER BY i.relname",
+            [table],
+        )
+        indexes = [(n, d) for n, d in cur.fetchall()]
+        cur.execute(
+            "SELECT c.conname, c.contype, array(SELECT a.attname FROM unnest(c.conkey) "
+            "WITH ORDINALITY k(n, o) JOIN pg_attribute a ON a.attrelid = c.conrelid "
+            "AND a.attnum = k.n ORDER BY k.o) FROM pg_constraint c "
+            "WHERE c.conrelid = %s::regclass AND c.contype IN ('p', 'u') ORDER BY c.conname",
+            [table],
+        )
+        uniques = [(n, k, list(cols)) for n, k, cols in cur.fetchall()]
+        cur.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = %s::regclass AND contype IN ('f', 'c') ORDER BY conname",
+            [table],
+        )
+        others = [(n, d) for n, d in cur.fetchall()]
+    return Shape(indexes, uniques, others)
+
+
+def _with_key(index_sql: str) -> str:
+    """A unique index's statement with the partition key added to its columns."""
+    head, sep, rest = index_sql.partition(" USING ")
+    method, _, cols = rest.partition(" (")
+    depth, i = 1, 0
+    while depth:
+        depth += {"(": 1, ")": -1}.get(cols[i], 0)
+        i += 1
+    inner, tail = cols[: i - 1], cols[i - 1 :]
+    if KEY in [c.strip() for c in inner.split(",")]:
+        return index_sql
+    return f"{head}{sep}{method} ({inner}, {KEY}{tail}"
+
+
+def apply_shape(table: str, shape: Shape, *, suffix: str = "") -> None:
+    """Build ``shape`` on the (empty, partitioned) ``table``: unique keys gain the key."""
+    with connection.cursor() as cur:
+        for name, kind, cols in shape.uniques:
+            if KEY not in cols:
+                cols = [*cols, KEY]
+            what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+            cur.execute(
+                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + suffix)} {what} "
+                f"({', '.join(_q(c) for c in cols)})"
+            )
+        for name, sql in shape.indexes:
+            sql = re.sub(r" ON (ONLY )?\S+ USING ", f" ON {_q(table)} USING ", sql, count=1)
+            if sql.startswith("CREATE UNIQUE"):
+                sql = _with_key(sql)
+            if suffix:
+                sql = sql.replace(f"INDEX {name} ", f"INDEX {_q(name + suffix)} ", 1)
+            cur.execute(sql)
+        for name, definition in shape.others:
+            cur.execute(f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + suffix)} {definition}")
+
+
+def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> list[str]:
+    """Turn the three plain, empty tables into partitioned ones (fresh installs: migration
+    0020). Refuses a table that has rows: ``manage.py partitions convert`` is for those."""
+    converted = []
+    for table in tables():
+        if is_partitioned(table):
+            continue
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)})")
+            (has_rows,) = cur.fetchone() or (False,)
+            if has_rows:
+                raise RuntimeError(
+                    f"{table} has rows: convert it with `manage.py partitions convert`"
+                )
+            shape = table_shape(table)
+            plain = f"{table}__plain"
+            cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(plain)}")
+            cur.execute(
+                f"CREATE TABLE {_q(table)} (LIKE {_q(plain)} INCLUDING DEFAULTS "
+                f"INCLUDING IDENTITY INCLUDING GENERATED) PARTITION BY RANGE ({KEY})"
+            )
+            cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} SET NOT NULL")
+            cur.execute(f"DROP TABLE {_q(plain)}")
+            apply_shape(table, shape)
+            cur.execute(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+            name_indexes(table + "_default")
+        converted.append(table)
+    if converted:
+        ensure(now, width=width, ahead=ahead, wait=True)
+    return converted
+
+
+def unpartition_empty_tables() -> list[str]:
+    """The reverse of :func:`partition_empty_tables` (migrating back), on empty tables."""
+    done = []
+    for table in tables():
+        if not is_partitioned(table):
+            continue
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)})")
+            (has_rows,) = cur.fetchone() or (False,)
+            if has_rows:
+                raise RuntimeError(f"{table} has rows: it cannot be turned back automatically")
+            shape = table_shape(table)
+            part = f"{table}__part"
+            cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(part)}")
+            cur.execute(
+                f"CREATE TABLE {_q(table)} (LIKE {_q(part)} INCLUDING DEFAULTS "
+                f"INCLUDING IDENTITY INCLUDING GENERATED)"
+            )
+            cur.execute(f"DROP TABLE {_q(part)} CASCADE")
+            if table != tables()[0]:  # nullable in the model (rows older than the key)
+                cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} DROP NOT NULL")
+            # Back to the model's keys: drop the partition key from the unique keys.
+            plain = Shape(
+                indexes=shape.indexes,
+                uniques=[
+                    (
+                        n,
+                        k,
+                        [c for c in cols if c != KEY] if k == "p" or table != tables()[0] else cols,
+                    )
+                    for n, k, cols in shape.uniques
+                ],
+                others=shape.others,
+            )
+            apply_shape_plain(table, plain)
+        done.append(table)
+    return done
+
+
+def apply_shape_plain(table: str, shape: Shape) -> None:
+    with connection.cursor() as cur:
+        for name, kind, cols in shape.uniques:
+            what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+            cur.execute(
+                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name)} {what} "
+                f"({', '.join(_q(c) for c in cols)})"
+            )
+        for _, sql in shape.indexes:
+            cur.execute(re.sub(r" ON (ONLY )?\S+ USING ", f" ON {_q(table)} USING ", sql, count=1))
+        for name, definition in shape.others:
+            cur.execute(f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name)} {definition}")
