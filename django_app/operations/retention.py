@@ -36,7 +36,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.errors import ValidationError
-from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry, Schedule
+from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry, ScheduleCursor
 
 #: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
 PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
@@ -97,8 +97,9 @@ def _ahead_of_cursor() -> Q:
 
     Every lifecycle change opens a new version, so rows of older versions (and manual
     rows, which have ids of their own) are never written again by the materializers."""
+    # The cursor row carries the version: the narrow table alone answers.
     return Exists(
-        Schedule.objects.filter(
+        ScheduleCursor.objects.filter(
             pk=OuterRef("schedule_id"),
             version=OuterRef("schedule_version"),
             next_run_at__isnull=False,
