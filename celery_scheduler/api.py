@@ -85,6 +85,7 @@ __all__ = [
 
 @functools.cache
 def _implementation() -> ModuleType:
+    # deferred (facade): the Django side loads on the first call, never at import
     import django_app.api
 
     return django_app.api

@@ -38,6 +38,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+import cron_descriptor
+
 from celery_scheduler import errors
 from celery_scheduler.core.enums import DstFold, DstGap
 
@@ -654,8 +656,6 @@ def fire_times(
 
 def describe_cron(expression: str) -> str:
     """Human text for a validated cron expression, e.g. "At 09:00, Monday through Friday"."""
-    import cron_descriptor
-
     _compile_cron(expression)
     text = MACROS.get(expression.strip().lower(), expression.strip())
     options = cron_descriptor.Options()

@@ -25,6 +25,7 @@ from celery_scheduler.core.enums import ScheduleKind
 from django_app.admin import display
 from django_app.admin import overview as overview_stats
 from django_app.admin.tenancy import has_scope, scope
+from django_app.models import Schedule
 
 PREVIEW_COUNT = 10
 #: Tests replace this to pin "now"; the admin never reads the wall clock elsewhere.
@@ -138,7 +139,6 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
     params: dict[str, str] = {k: str(v) for k, v in request.GET.items()}
     if schedule_id:
         # Previewing a stored schedule: only one the user can see, with its stored timing.
-        from django_app.models import Schedule
 
         try:
             pk = uuid.UUID(schedule_id)

@@ -33,7 +33,7 @@ from celery_scheduler.core.reports import MaterializeReport
 from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -42,7 +42,6 @@ from django_app.models import (
     ShardLease,
     SkippedSpan,
 )
-from django_app.operations import observe
 from django_app.tenancy import budget
 
 logger = logging.getLogger(__name__)
@@ -89,7 +88,9 @@ def materialize_due(
     batch_size: int | None = None,
     node: str = "",
 ) -> MaterializeReport:
-    """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``.
+    """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``, one
+    transaction per schedule (``django_app.wiring.materialize_due`` picks this or the
+    set-based materializer for the database).
 
     See the module docstring and :func:`materialize_one` for the per-schedule contract.
     ``shards`` limits the scan (default: every shard, or the keys of ``shard_fencing``);
@@ -97,13 +98,6 @@ def materialize_due(
     commits only if the ShardLease row still carries that token.
     """
     cfg = conf.get()
-    if conf.bulk_materialize_enabled(connection.vendor):
-        from django_app.materialize.set_based import materialize_due_bulk
-
-        return materialize_due_bulk(
-            clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon,
-            batch_size=batch_size, node=node,
-        )  # fmt: skip
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.batch_size
     fencing = dict(shard_fencing or {})
