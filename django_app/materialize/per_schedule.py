@@ -21,8 +21,6 @@ from django.db.models import Model, Q
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import (
-    DstFold,
-    DstGap,
     MisfirePolicy,
     OccurrenceState,
     ScheduleKind,
@@ -30,7 +28,7 @@ from celery_scheduler.core.enums import (
 )
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.core.reports import MaterializeReport
-from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
+from celery_scheduler.core.timemath import Trigger, trigger_of
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf, observe
@@ -67,16 +65,14 @@ def trigger_for(schedule: Any, *, created_at: datetime | None = None) -> Trigger
     ``OneOffTrigger(run_at)``. Pass ``created_at`` for objects without one (a ScheduleVersion
     uses its schedule's).
     """
-    kind = ScheduleKind(schedule.kind)
-    if kind is ScheduleKind.CRON:
-        return CronTrigger(
-            expression=schedule.cron, timezone=schedule.timezone or "UTC",
-            dst_gap=DstGap(schedule.dst_gap), dst_fold=DstFold(schedule.dst_fold),
-        )  # fmt: skip
-    if kind is ScheduleKind.INTERVAL:
-        anchor = schedule.start_at or created_at or schedule.created_at
-        return IntervalTrigger(every=timedelta(seconds=schedule.interval_seconds), anchor=anchor)
-    return OneOffTrigger(run_at=schedule.run_at)
+    interval = ScheduleKind(schedule.kind) is ScheduleKind.INTERVAL
+    return trigger_of(
+        schedule.kind, cron=schedule.cron, timezone=schedule.timezone or "UTC",
+        dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold,
+        every=timedelta(seconds=schedule.interval_seconds) if interval else None,
+        anchor=(schedule.start_at or created_at or schedule.created_at) if interval else None,
+        run_at=schedule.run_at,
+    )  # fmt: skip
 
 
 def materialize_due(

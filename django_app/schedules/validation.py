@@ -79,18 +79,12 @@ class ScheduleSpec:
 
     def trigger(self, *, anchor: datetime) -> timemath.Trigger:
         """The time rule of this spec; ``anchor`` starts an interval without a start_at."""
-        if self.kind is ScheduleKind.CRON:
-            return timemath.CronTrigger(
-                expression=self.cron, timezone=self.timezone, dst_gap=self.dst_gap,
-                dst_fold=self.dst_fold,
-            )  # fmt: skip
-        if self.kind is ScheduleKind.INTERVAL:
-            assert self.interval_seconds is not None
-            return timemath.IntervalTrigger(
-                every=timedelta(seconds=self.interval_seconds), anchor=self.start_at or anchor
-            )
-        assert self.run_at is not None
-        return timemath.OneOffTrigger(run_at=self.run_at)
+        every = self.interval_seconds
+        return timemath.trigger_of(
+            self.kind, cron=self.cron, timezone=self.timezone, dst_gap=self.dst_gap,
+            dst_fold=self.dst_fold, every=None if every is None else timedelta(seconds=every),
+            anchor=self.start_at or anchor, run_at=self.run_at,
+        )  # fmt: skip
 
     def _values(self) -> dict[str, Any]:
         # dataclasses.asdict deep-copies every value; the fields are flat (args and kwargs
