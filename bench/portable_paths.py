@@ -35,7 +35,6 @@ def main(argv: list[str]) -> None:
     from celery_scheduler.core.clock import FrozenClock
     from celery_scheduler.publishers import RecordingPublisher
     from django_app import conf
-    from django_app.materialize.per_schedule import materialize_due
     from django_app.models import (
         Attempt,
         Occurrence,
@@ -45,6 +44,7 @@ def main(argv: list[str]) -> None:
         Tenant,
     )
     from django_app.relay.batch import relay_due
+    from django_app.wiring import materialize_due
 
     if per_schedule:
         settings.CELERY_SCHEDULER = {**settings.CELERY_SCHEDULER, "bulk_materialize": False}

@@ -171,7 +171,7 @@ def run_life(n: int, meter: Meter) -> list[PhaseWork]:
     from celery_scheduler.core.clock import FrozenClock
     from celery_scheduler.publishers import RecordingPublisher
     from django_app import tasks as wrapper
-    from django_app.materialize import per_schedule
+    from django_app import wiring
     from django_app.models import Occurrence
     from django_app.relay.burst import BurstRelay
 
@@ -193,7 +193,7 @@ def run_life(n: int, meter: Meter) -> list[PhaseWork]:
     clock = FrozenClock(due - timedelta(seconds=60))
     phases.append(
         meter.measure("plan (the beat's materializer)", n,
-                      lambda: per_schedule.materialize_due(clock=clock, node="bench"))
+                      lambda: wiring.materialize_due(clock=clock, node="bench"))
     )  # fmt: skip
     publisher = RecordingPublisher()
 

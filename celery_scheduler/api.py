@@ -33,6 +33,7 @@ from celery_scheduler import errors
 from celery_scheduler.api_types import Seconds
 from celery_scheduler.core import timemath
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from celery_scheduler.core.enums import ScheduleKind
 
 if TYPE_CHECKING:
     from django_app.api import (
@@ -85,6 +86,7 @@ __all__ = [
 
 @functools.cache
 def _implementation() -> ModuleType:
+    # deferred (facade): the Django side loads on the first call, never at import
     import django_app.api
 
     return django_app.api
@@ -156,14 +158,15 @@ def preview(
         )
     gap, fold = timemath.dst_policy(dst_gap, dst_fold, cron=given == ["cron"])
     if given == ["cron"]:
-        assert cron is not None
-        trigger = timemath.CronTrigger(
-            expression=cron, timezone=timezone, dst_gap=gap, dst_fold=fold
+        trigger = timemath.trigger_of(
+            ScheduleKind.CRON, cron=cron, timezone=timezone, dst_gap=gap, dst_fold=fold
         )
     elif given == ["interval"]:
-        trigger = timemath.IntervalTrigger(every=timemath.parse_interval(interval), anchor=start)
+        every = timemath.parse_interval(interval)
+        trigger = timemath.trigger_of(ScheduleKind.INTERVAL, every=every, anchor=start)
     else:
         assert run_at is not None
-        trigger = timemath.OneOffTrigger(run_at=timemath.check_instant(run_at, "run_at"))
+        instant = timemath.check_instant(run_at, "run_at")
+        trigger = timemath.trigger_of(ScheduleKind.ONE_OFF, run_at=instant)
     # Include `start` itself so a preview that starts on a fire time shows it.
     return timemath.preview(trigger, start=start - timedelta(microseconds=1), count=count)

@@ -90,10 +90,11 @@ PARTITION_MAINTENANCE_INTERVAL = 300.0
 
 def ensure_django() -> None:
     """Set Django up if the process has not (``celery beat`` does not)."""
+    # deferred (app registry): beat sets Django up itself; celery_scheduler is Django-free
     from django.apps import apps
 
     if not apps.ready:
-        import django
+        import django  # deferred (app registry): see above
 
         django.setup()
 
@@ -237,7 +238,7 @@ class DatabaseScheduler(beat.Scheduler):
         relay, self._relay = self._relay, None
         if leaser is None and relay is None:
             return
-        from django.db import connection
+        from django.db import connection  # deferred (import-light): no Django at import
 
         if connection.in_atomic_block:  # a caller's transaction (tests): release in it
             self._release(leaser, relay)
@@ -259,7 +260,7 @@ class DatabaseScheduler(beat.Scheduler):
 
     def _release_on_own_connection(self, leaser: ShardLeases | None, relay: Relay | None) -> None:
         """The helper thread of :meth:`close` (Django gives it a connection of its own)."""
-        from django.db import connection
+        from django.db import connection  # deferred (import-light): no Django at import
 
         try:
             self._release(leaser, relay)
@@ -526,7 +527,7 @@ class DatabaseScheduler(beat.Scheduler):
         # A broken connection stays broken inside Django until closed; the next query
         # reconnects.
         try:
-            from django.db import connection
+            from django.db import connection  # deferred (import-light): no Django at import
 
             if not connection.in_atomic_block:  # (tests run inside one)
                 connection.close()
@@ -539,6 +540,7 @@ def _is_coordination_error(exc: Exception) -> bool:
     if isinstance(exc, errors.CoordinationUnavailable):
         return True
     try:
+        # deferred (import-light): celery_scheduler imports no Django at module level
         from django.db import DatabaseError, InterfaceError
     except ImportError:  # pragma: no cover
         return False

@@ -22,6 +22,8 @@ import os
 import signal
 import threading
 
+from celery_scheduler.errors import SchedulerError
+
 ENV_VAR = "CELERY_SCHEDULER_FAULT"
 
 #: Every fault point the code base places. Arming an unknown name is refused (a typo in a
@@ -52,14 +54,10 @@ def _parse(raw: str) -> tuple[str, int] | None:
     name, sep, nth = raw.partition(":")
     count = int(nth) if sep else 1
     if name not in KNOWN_POINTS:
-        from celery_scheduler.errors import SchedulerError
-
         raise SchedulerError(
             f"{ENV_VAR}={raw!r} names no fault point; known: {sorted(KNOWN_POINTS)}"
         )
     if count < 1:
-        from celery_scheduler.errors import SchedulerError
-
         raise SchedulerError(f"{ENV_VAR}={raw!r}: the hit number must be >= 1")
     return name, count
 

@@ -47,7 +47,7 @@ class Relay(Protocol):
     Every implementation orders contended rows by the tenants' relay weights
     (:func:`celery_scheduler.core.fairness.fair_positions`), spends their trigger rate from
     the shared budget (``django_app.tenancy.budget``) and reports what it published through
-    the same observers (``django_app.operations.observe``: published, lag, state time).
+    the same observers (``django_app.observe``: published, lag, state time).
     """
 
     def poll(self) -> RelayReport:

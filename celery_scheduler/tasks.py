@@ -191,6 +191,7 @@ def _default_key(task_name: str) -> str:
     occurrence = current_occurrence_id()
     if occurrence:
         return occurrence
+    # deferred (import-light): importing the decorator does not import Celery
     from celery import current_task
 
     task_id = current_task.request.id if current_task else None
@@ -253,6 +254,7 @@ def idempotent_task(
         if app is not None:
             task: Task[P, R] = app.task(**options)(body)
         else:
+            # deferred (import-light): importing the decorator does not import Celery
             from celery import shared_task
 
             task = shared_task(**options)(body)

@@ -27,12 +27,12 @@ from celery_scheduler.api_types import (
     TenantUsage,
 )
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
+from django_app import tenants
 from django_app.models import Occurrence, Schedule, Tenant
-from django_app.schedules import audit, bulk_create, lifecycle, reads, skips
+from django_app.schedules import audit, audited, bulk_create, lifecycle, reads, skips
 from django_app.schedules import backfill as backfill_module
 from django_app.schedules.bulk_actions import bulk
 from django_app.schedules.lifecycle import LifecycleResult
-from django_app.tenancy import tenants
 from django_app.worker.finish import replay_occurrence as replay
 
 __all__ = [
@@ -253,15 +253,10 @@ def update_schedule(
         celery_scheduler.errors.VersionConflict: ``expected_version`` is not the current one.
         celery_scheduler.errors.ValidationError: a subclass naming the bad field.
     """
-    who, why = audit.check(actor, reason)
-    result = lifecycle.update_schedule(
-        schedule_id, clock=clock, expected_version=expected_version, **changes
-    )
-    audit.record(
-        "update", schedule=schedule_id, actor=who, reason=why, clock=clock,
-        detail={"version": result.version, "fields": sorted(changes)},
+    return audited.update_schedule(
+        schedule_id, expected_version=expected_version, actor=actor, reason=reason, clock=clock,
+        **changes,
     )  # fmt: skip
-    return result
 
 
 def pause_schedule(
@@ -278,15 +273,7 @@ def pause_schedule(
     by :func:`describe_schedule` and the admin. ``actor`` and ``reason`` (who and why) go
     to the audit trail; without a ``reason`` the note is the audit reason.
     """
-    return _audited(
-        "pause",
-        lifecycle_call="pause_schedule",
-        schedule_id=schedule_id,
-        actor=actor,
-        reason=reason if reason is not None else (note or None),
-        clock=clock,
-        note=note,
-    )
+    return audited.pause_schedule(schedule_id, note=note, actor=actor, reason=reason, clock=clock)
 
 
 def resume_schedule(
@@ -300,14 +287,7 @@ def resume_schedule(
 
     ``actor`` and ``reason`` (who and why) go to the audit trail.
     """
-    return _audited(
-        "resume",
-        lifecycle_call="resume_schedule",
-        schedule_id=schedule_id,
-        actor=actor,
-        reason=reason,
-        clock=clock,
-    )
+    return audited.resume_schedule(schedule_id, actor=actor, reason=reason, clock=clock)
 
 
 def cancel_schedule(
@@ -321,14 +301,7 @@ def cancel_schedule(
 
     ``actor`` and ``reason`` (who and why) go to the audit trail.
     """
-    return _audited(
-        "cancel",
-        lifecycle_call="cancel_schedule",
-        schedule_id=schedule_id,
-        actor=actor,
-        reason=reason,
-        clock=clock,
-    )
+    return audited.cancel_schedule(schedule_id, actor=actor, reason=reason, clock=clock)
 
 
 def run_now(
@@ -371,26 +344,6 @@ def replay_occurrence(
     occurrence = replay(occurrence_id, clock=clock)
     audit.record("replay", occurrence=occurrence, actor=who, reason=why, clock=clock)
     return occurrence
-
-
-def _audited(
-    action: str,
-    *,
-    lifecycle_call: str,
-    schedule_id: uuid.UUID | str,
-    actor: str | None,
-    reason: str | None,
-    clock: Clock | None,
-    **extra: Any,
-) -> LifecycleResult:
-    """Run one lifecycle verb, then write who/why to the audit trail."""
-    who, why = audit.check(actor, reason)
-    result: LifecycleResult = getattr(lifecycle, lifecycle_call)(schedule_id, clock=clock, **extra)
-    audit.record(
-        action, schedule=schedule_id, actor=who, reason=why, clock=clock,
-        detail={"version": result.version},
-    )  # fmt: skip
-    return result
 
 
 def describe_schedule(

@@ -10,6 +10,7 @@ class SchedulerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # deferred (app registry): AppConfig.ready, where the models and admin may load
         from celery import signals
 
         from celery_scheduler import ports
@@ -30,6 +31,7 @@ class SchedulerConfig(AppConfig):
             presentation.on_worker_init, weak=False, dispatch_uid="cs-celery-tools"
         )
         if apps.is_installed("django.contrib.admin"):
+            # deferred (app registry): only with the admin installed
             from django.contrib import admin
 
             from django_app.admin import index_order

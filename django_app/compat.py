@@ -36,6 +36,7 @@ def check_constraint(*, condition: models.Q, name: str) -> models.CheckConstrain
 
 def log_change(user_id: Any, obj: models.Model, message: str) -> None:
     """One CHANGE entry in Django's admin log (History) for ``obj``."""
+    # deferred (app registry): models.py imports this module while the apps load
     from django.contrib.admin.models import CHANGE, LogEntry
 
     if DJANGO_51:
@@ -44,6 +45,7 @@ def log_change(user_id: Any, obj: models.Model, message: str) -> None:
             single_object=True,
         )  # fmt: skip
         return
+    # deferred (app registry): models.py imports this module while the apps load
     from django.contrib.contenttypes.models import ContentType
 
     # log_action is the 4.2 API; 5.2's stubs no longer list it.

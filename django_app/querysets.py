@@ -98,6 +98,7 @@ def transition(
     attempt, the reaper, a lifecycle call), raises ``stale()`` if given, else returns False;
     it never overwrites.
     """
+    # deferred (manager): the models name their managers, defined here
     from django_app.models import Occurrence
 
     moved = Occurrence.objects.filter(pk=occurrence_id).transition(

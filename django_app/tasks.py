@@ -31,9 +31,8 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import HEADER_MANUAL
 from celery_scheduler.tasks import Origin, ScheduledRun, occurrence_context
-from django_app import conf
+from django_app import conf, observe
 from django_app.db.connections import drop_if_broken, reset_after_error
-from django_app.operations import observe
 from django_app.schedules.backfill import BACKFILL_VERSION
 from django_app.worker import claim, finish, presentation
 from django_app.worker import heartbeat as heartbeats

@@ -7,7 +7,7 @@ wiring a project does. The choices made here and nowhere else:
   AMQP broker unless ``CELERY_SCHEDULER["burst_relay"]`` says otherwise, else the lookahead
   relay (:mod:`django_app.relay.batch`);
 - the publisher: the given one, else the broker's fast path or kombu
-  (:func:`celery_scheduler.publishers.celery_publisher`);
+  (:func:`celery_scheduler.publishers.default.celery_publisher`);
 - the materializer: per schedule, or set-based where the database allows
   (:mod:`django_app.materialize`);
 - shard leases (:mod:`django_app.cluster.shards`) and the idempotency store
@@ -27,14 +27,15 @@ from django.db import DatabaseError, connection
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.reports import MaterializeReport
 from celery_scheduler.ports import IdempotencyStore, Relay, ShardLeases, Stoppable
-from celery_scheduler.publishers import Publisher, celery_publisher
-from django_app import conf
+from celery_scheduler.publishers import Publisher
+from celery_scheduler.publishers.default import celery_publisher
+from django_app import conf, observe
 from django_app.cluster import reshard
 from django_app.cluster.shards import LeaseKeeper, ShardLeaser
 from django_app.db import checks, partitions
-from django_app.materialize import per_schedule
+from django_app.materialize import per_schedule, set_based
 from django_app.models import BeatNode, Schedule, ShardLease
-from django_app.operations import metrics_server, observe, retention
+from django_app.operations import metrics_server, retention
 from django_app.relay import redelivery
 from django_app.relay.batch import LookaheadRelay
 from django_app.relay.burst import BurstRelay
@@ -42,6 +43,30 @@ from django_app.schedules import beat_schedule
 from django_app.worker import finish, idempotency
 
 logger = logging.getLogger(__name__)
+
+
+def materialize_due(
+    *,
+    clock: Clock,
+    shards: Collection[int] | None = None,
+    shard_fencing: Mapping[int, int] | None = None,
+    horizon: timedelta | None = None,
+    batch_size: int | None = None,
+    node: str = "",
+) -> MaterializeReport:
+    """Materialize the due schedules with the materializer this database gets: the
+    set-based one on PostgreSQL (``bulk_materialize``, on by default), else the portable
+    one. Arguments and report as :func:`django_app.materialize.per_schedule.materialize_due`.
+    """
+    choose = (
+        set_based.materialize_due_bulk
+        if conf.bulk_materialize_enabled(connection.vendor)
+        else per_schedule.materialize_due
+    )
+    return choose(
+        clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon,
+        batch_size=batch_size, node=node,
+    )  # fmt: skip
 
 
 class DatabaseMaterializer:
@@ -56,7 +81,7 @@ class DatabaseMaterializer:
         horizon: timedelta,
         node: str,
     ) -> MaterializeReport:
-        return per_schedule.materialize_due(
+        return materialize_due(
             clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon, node=node
         )
 

@@ -31,6 +31,9 @@ UNCLAIMED: frozenset[S] = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
 #: States in which an occurrence may (still) be handed to the broker.
 PUBLISHABLE: frozenset[S] = frozenset({S.SCHEDULED, S.ENQUEUED, S.RETRY_WAIT})
 
+#: Terminal states retention prunes by default. DEAD is terminal too but opt-in (dead letters).
+PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
+
 
 def sources_of(target: S, *, within: Iterable[S] | None = None) -> frozenset[S]:
     """Every state from which ``target`` may be entered (only those in ``within``, if given).

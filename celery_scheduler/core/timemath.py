@@ -38,8 +38,10 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+import cron_descriptor
+
 from celery_scheduler import errors
-from celery_scheduler.core.enums import DstFold, DstGap
+from celery_scheduler.core.enums import DstFold, DstGap, ScheduleKind
 
 __all__ = [
     "CronTrigger",
@@ -632,6 +634,34 @@ class OneOffTrigger:
 Trigger = CronTrigger | IntervalTrigger | OneOffTrigger
 
 
+def trigger_of(
+    kind: ScheduleKind | str,
+    *,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    dst_gap: DstGap | str = DstGap.SKIP,
+    dst_fold: DstFold | str = DstFold.FIRST,
+    every: timedelta | None = None,
+    anchor: datetime | None = None,
+    run_at: datetime | None = None,
+) -> Trigger:
+    """The one place a schedule kind becomes a trigger: CRON -> ``CronTrigger(cron, timezone,
+    dst_gap, dst_fold)``, INTERVAL -> ``IntervalTrigger(every, anchor)``, ONE_OFF ->
+    ``OneOffTrigger(run_at)``; the fields of the other kinds are ignored."""
+    kind = ScheduleKind(kind)
+    if kind is ScheduleKind.CRON:
+        assert cron is not None
+        return CronTrigger(
+            expression=cron, timezone=timezone, dst_gap=DstGap(dst_gap), dst_fold=DstFold(dst_fold)
+        )
+    if kind is ScheduleKind.INTERVAL:
+        assert every is not None
+        assert anchor is not None
+        return IntervalTrigger(every=every, anchor=anchor)
+    assert run_at is not None
+    return OneOffTrigger(run_at=run_at)
+
+
 def fire_times(
     trigger: Trigger,
     after: datetime,
@@ -654,8 +684,6 @@ def fire_times(
 
 def describe_cron(expression: str) -> str:
     """Human text for a validated cron expression, e.g. "At 09:00, Monday through Friday"."""
-    import cron_descriptor
-
     _compile_cron(expression)
     text = MACROS.get(expression.strip().lower(), expression.strip())
     options = cron_descriptor.Options()

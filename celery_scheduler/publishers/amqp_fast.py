@@ -193,6 +193,7 @@ class AmqpFastPublisher(PreparingPublisher):
                 f"the AMQP fast path needs a single amqp://, pyamqp:// or amqps:// broker URL, "
                 f"got {url!r}"
             )
+        # deferred (optional dependency): kombu's pyamqp transport needs the amqp extra
         from kombu.transport.pyamqp import Transport
 
         probe = app.connection_for_write()

@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 def _broker_errors() -> tuple[type[BaseException], ...]:
     found: list[type[BaseException]] = [KombuError, OSError]
-    try:  # kombu wraps most transport errors, but not on every code path
+    # kombu wraps most transport errors, but not on every code path.
+    try:  # deferred (optional dependency): redis-py comes with the redis extra
         from redis.exceptions import RedisError
 
         found.append(RedisError)

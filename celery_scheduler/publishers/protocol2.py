@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from celery.app.routes import MapRoute
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from kombu import serialization
@@ -225,7 +226,6 @@ class TaskMessages:
     def _routes_are_static(self) -> bool:
         # Dict/glob routes depend on the task name only; a router function may look at
         # args, so its answer is not cached.
-        from celery.app.routes import MapRoute
 
         return all(isinstance(r, MapRoute) for r in self.app.amqp.routes)
 

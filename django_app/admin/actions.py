@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from celery_scheduler import errors
+from celery_scheduler import api, errors
 from celery_scheduler.core import ids
 from django_app.compat import log_change
 from django_app.models import ManualRunKey, Occurrence, Schedule
@@ -42,8 +42,6 @@ def _actor(request: HttpRequest) -> str:
 
 
 def _api() -> Any:
-    from celery_scheduler import api
-
     return api
 
 

@@ -16,11 +16,12 @@ from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from celery_scheduler import errors
+from celery_scheduler import api, errors
 from celery_scheduler.core.enums import DstFold, DstGap, ScheduleKind
 from django_app.admin import bridge
 from django_app.admin.tenancy import sees_all_tenants, tenant_of
 from django_app.models import Schedule
+from django_app.schedules.validation import registered_task_names
 
 HELP_TEXTS = {
     "name": _("A label for people; it does not need to be unique."),
@@ -199,8 +200,6 @@ class ScheduleForm(forms.ModelForm):
             self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]
 
     def _task_choices(self) -> list[tuple[str, str]]:
-        from django_app.schedules.validation import registered_task_names
-
         names = list(registered_task_names())
         current = self.initial.get("task")
         if current and current not in names:
@@ -245,7 +244,6 @@ class ScheduleForm(forms.ModelForm):
         # fields instead of as a 500 after the form already said "valid".
         if self.errors:
             return
-        from celery_scheduler import api
 
         try:
             if self.instance._state.adding:

@@ -21,6 +21,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
+from celery_scheduler.core import timemath
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from django_app.admin import actions, display, scale, schedule_summary, views
 from django_app.admin.forms import ScheduleForm
@@ -400,8 +401,6 @@ class ScheduleAdmin(TenantScopedAdmin):
     @admin.display(description=_("When"))
     def timing_column(self, obj: Schedule) -> str:
         if obj.kind == "CRON":
-            from celery_scheduler.core import timemath
-
             try:
                 title = timemath.describe_cron(obj.cron)
             except Exception:

@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest
 
+from django_app import conf
 from django_app.admin import scale
 from django_app.admin.querystring import SafeChangelistAdmin
 from django_app.models import Tenant, TenantMembership
@@ -52,8 +53,6 @@ def shows_tenants(request: HttpRequest) -> bool:
     if not sees_all_tenants(request):
         return False
     if not hasattr(request, _MULTI_ATTR):
-        from django_app import conf
-
         others = Tenant.objects.exclude(slug=conf.get().default_tenant).exists()
         setattr(request, _MULTI_ATTR, others)
     return bool(getattr(request, _MULTI_ATTR))

@@ -25,6 +25,7 @@ from celery_scheduler.core.enums import ScheduleKind
 from django_app.admin import display
 from django_app.admin import overview as overview_stats
 from django_app.admin.tenancy import has_scope, scope
+from django_app.models import Schedule
 
 PREVIEW_COUNT = 10
 #: Tests replace this to pin "now"; the admin never reads the wall clock elsewhere.
@@ -56,20 +57,18 @@ def _trigger(params: Mapping[str, str], now: datetime) -> timemath.Trigger:
     tz_name = (params.get("timezone") or "UTC").strip()
     if kind == ScheduleKind.CRON.value:
         gap, fold = timemath.dst_policy(params.get("dst_gap"), params.get("dst_fold"), cron=True)
-        return timemath.CronTrigger(
-            expression=" ".join(params.get("cron", "").split()), timezone=tz_name,
-            dst_gap=gap, dst_fold=fold,
-        )  # fmt: skip
+        cron = " ".join(params.get("cron", "").split())
+        return timemath.trigger_of(kind, cron=cron, timezone=tz_name, dst_gap=gap, dst_fold=fold)
     default_zone = dj_timezone.get_current_timezone()
     if kind == ScheduleKind.INTERVAL.value:
         every = timemath.parse_interval(params.get("interval_seconds") or "", "interval_seconds")
         anchor = _local_datetime(params.get("start_at", ""), default_zone, "start_at") or now
-        return timemath.IntervalTrigger(every=every, anchor=anchor)
+        return timemath.trigger_of(kind, every=every, anchor=anchor)
     if kind == ScheduleKind.ONE_OFF.value:
         run_at = _local_datetime(params.get("run_at", ""), default_zone, "run_at")
         if run_at is None:
             raise errors.InvalidTiming("Pick the date and time to run at.", field="run_at")
-        return timemath.OneOffTrigger(run_at=run_at)
+        return timemath.trigger_of(kind, run_at=run_at)
     raise errors.ValidationError(f"Unknown kind {kind!r}.", field="kind")
 
 
@@ -138,7 +137,6 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
     params: dict[str, str] = {k: str(v) for k, v in request.GET.items()}
     if schedule_id:
         # Previewing a stored schedule: only one the user can see, with its stored timing.
-        from django_app.models import Schedule
 
         try:
             pk = uuid.UUID(schedule_id)

@@ -43,10 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 
+from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.states import PRUNABLE_STATES
+from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule
+
 if TYPE_CHECKING:
     from django.db.models import QuerySet
-
-    from django_app.models import Occurrence
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +63,6 @@ DEFAULT_LOCK_TIMEOUT_MS = 2000
 
 def tables() -> list[str]:
     """The partitioned tables' names, occurrence first (the others follow its slots)."""
-    from django_app.models import Attempt, Occurrence, OutboxEntry
-
     return [m._meta.db_table for m in (Occurrence, Attempt, OutboxEntry)]
 
 
@@ -334,10 +334,6 @@ def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
     django_app.operations.retention): not terminal (DEAD too unless ``include_dead``), an
     unsent outbox row, or a time the schedule's live version has not passed yet (a skip
     marker: deleting it would let the time run)."""
-    from celery_scheduler.core.enums import OccurrenceState as S
-    from django_app.models import Schedule
-    from django_app.operations.retention import PRUNABLE_STATES
-
     states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
     terminal = ", ".join(f"'{s}'" for s in states)
     sched = _q(Schedule._meta.db_table)
@@ -477,8 +473,6 @@ def _drop_slot(
                     report.rows[t] = report.rows.get(t, 0) + n
                 return
             kept_ids = [i for i, _ in blocking] if move else []
-            from django_app.models import Occurrence  # migration 0020 imports this module
-
             on_prune(
                 Occurrence.objects.filter(
                     scheduled_for__gte=span[0], scheduled_for__lt=span[1]

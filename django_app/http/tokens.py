@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from celery_scheduler import errors
 from django_app.models import ApiToken, Tenant
+from django_app.schedules.lifecycle import resolve_tenant
 
 PREFIX = "cs_"
 
@@ -39,8 +40,6 @@ def issue(tenant: Tenant | str, name: str = "") -> IssuedToken:
     An unknown slug is a ``ValidationError`` on ``tenant``, except the ``default_tenant``
     setting's, which is created as ``create_schedule`` would.
     """
-    from django_app.schedules.lifecycle import resolve_tenant
-
     # The same rule as creating a schedule: the default tenant exists on first use.
     tenant = resolve_tenant(tenant)
     if len(name) > 200:

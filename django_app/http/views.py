@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
 from django.db.models import Q
@@ -448,8 +449,6 @@ class TenantDetailView(SchedulerAPIView):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("celery-scheduler")
     except PackageNotFoundError:  # a checkout that was never installed

@@ -21,8 +21,6 @@ from django.db.models import Model, Q
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import (
-    DstFold,
-    DstGap,
     MisfirePolicy,
     OccurrenceState,
     ScheduleKind,
@@ -30,10 +28,10 @@ from celery_scheduler.core.enums import (
 )
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.core.reports import MaterializeReport
-from celery_scheduler.core.timemath import CronTrigger, IntervalTrigger, OneOffTrigger, Trigger
+from celery_scheduler.core.timemath import Trigger, trigger_of
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -42,7 +40,6 @@ from django_app.models import (
     ShardLease,
     SkippedSpan,
 )
-from django_app.operations import observe
 from django_app.tenancy import budget
 
 logger = logging.getLogger(__name__)
@@ -68,16 +65,14 @@ def trigger_for(schedule: Any, *, created_at: datetime | None = None) -> Trigger
     ``OneOffTrigger(run_at)``. Pass ``created_at`` for objects without one (a ScheduleVersion
     uses its schedule's).
     """
-    kind = ScheduleKind(schedule.kind)
-    if kind is ScheduleKind.CRON:
-        return CronTrigger(
-            expression=schedule.cron, timezone=schedule.timezone or "UTC",
-            dst_gap=DstGap(schedule.dst_gap), dst_fold=DstFold(schedule.dst_fold),
-        )  # fmt: skip
-    if kind is ScheduleKind.INTERVAL:
-        anchor = schedule.start_at or created_at or schedule.created_at
-        return IntervalTrigger(every=timedelta(seconds=schedule.interval_seconds), anchor=anchor)
-    return OneOffTrigger(run_at=schedule.run_at)
+    interval = ScheduleKind(schedule.kind) is ScheduleKind.INTERVAL
+    return trigger_of(
+        schedule.kind, cron=schedule.cron, timezone=schedule.timezone or "UTC",
+        dst_gap=schedule.dst_gap, dst_fold=schedule.dst_fold,
+        every=timedelta(seconds=schedule.interval_seconds) if interval else None,
+        anchor=(schedule.start_at or created_at or schedule.created_at) if interval else None,
+        run_at=schedule.run_at,
+    )  # fmt: skip
 
 
 def materialize_due(
@@ -89,7 +84,9 @@ def materialize_due(
     batch_size: int | None = None,
     node: str = "",
 ) -> MaterializeReport:
-    """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``.
+    """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``, one
+    transaction per schedule (``django_app.wiring.materialize_due`` picks this or the
+    set-based materializer for the database).
 
     See the module docstring and :func:`materialize_one` for the per-schedule contract.
     ``shards`` limits the scan (default: every shard, or the keys of ``shard_fencing``);
@@ -97,13 +94,6 @@ def materialize_due(
     commits only if the ShardLease row still carries that token.
     """
     cfg = conf.get()
-    if conf.bulk_materialize_enabled(connection.vendor):
-        from django_app.materialize.set_based import materialize_due_bulk
-
-        return materialize_due_bulk(
-            clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon,
-            batch_size=batch_size, node=node,
-        )  # fmt: skip
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.batch_size
     fencing = dict(shard_fencing or {})

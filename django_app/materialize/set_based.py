@@ -40,10 +40,9 @@ from celery_scheduler.core.enums import MisfirePolicy, ScheduleKind, ScheduleSta
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
-from django_app import conf
+from django_app import conf, observe
 from django_app.materialize import per_schedule as single
 from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
-from django_app.operations import observe
 
 logger = logging.getLogger(__name__)
 

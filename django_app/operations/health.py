@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.db import close_old_connections, connection
 from django.db.models import Count, Min
 
@@ -281,6 +282,6 @@ def _ping_database() -> None:
 
 def _ping_broker(app: Any, timeout: float) -> None:
     if app is None:
-        from celery import current_app as app
+        app = current_app
     with app.connection_for_write(connect_timeout=timeout) as conn:
         conn.ensure_connection(max_retries=1, timeout=timeout)

@@ -27,11 +27,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from celery import signals
+from django.db import connections
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from celery_scheduler import metrics
 from django_app import conf
+from django_app.operations import health
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +72,6 @@ def serve(
     """Serve the routes on a daemon thread; ``port=0`` picks a free one (``server_port``)."""
 
     def status() -> tuple[bool, object]:
-        from django_app.operations import health
-
         return True, health.status().as_dict()
 
     routes: dict[str, Check] = {"/healthz": healthz, "/readyz": readyz, "/status": status}
@@ -112,8 +113,6 @@ def serve(
 
 def _on_fresh_connection(route: Check) -> tuple[bool, object]:
     """Each request thread has its own database connection: close it when done."""
-    from django.db import connections
-
     try:
         return route()
     finally:
@@ -129,8 +128,6 @@ def start_for_beat(node: str) -> ThreadingHTTPServer | None:
     port = configured_port()
     if port is None:
         return None
-    from django_app.operations import health
-
     return _start(
         port,
         registry=metrics.registry,
@@ -179,7 +176,6 @@ def on_worker_init(**_: Any) -> None:
     if port is None:
         return
     enable_multiprocess()
-    from django_app.operations import health
 
     def ready() -> tuple[bool, object]:
         result = health.readiness_of_worker()
@@ -224,8 +220,6 @@ def on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
 
 
 def connect_worker_signals() -> None:
-    from celery import signals
-
     signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid="cs-metrics-init")
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="cs-metrics-ready")
     signals.worker_process_init.connect(

@@ -40,6 +40,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 
 from celery_scheduler.core.enums import OccurrenceState as S
+from celery_scheduler.core.states import PRUNABLE_STATES
 from celery_scheduler.errors import ValidationError
 from django_app.models import (
     Attempt,
@@ -51,8 +52,6 @@ from django_app.models import (
     Schedule,
 )
 
-#: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
-PRUNABLE_STATES: tuple[str, ...] = (S.SUCCEEDED, S.MISSED, S.CANCELED, S.SKIPPED_OVERLAP)
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
 _SPAN_CHUNK = 5_000  # schedules per PrunedHistory read (a partition holds many)
 

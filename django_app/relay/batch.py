@@ -52,9 +52,8 @@ from celery_scheduler.core.states import PUBLISHABLE
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
 from celery_scheduler.stopping import stop_deferred
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
-from django_app.operations import observe
 from django_app.tenancy import quotas
 
 logger = logging.getLogger(__name__)

@@ -66,9 +66,8 @@ from celery_scheduler.core.lead import RateMeter, lead_seconds, pending_cap
 from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher, preparing
 from celery_scheduler.stopping import StopDeferral, stop_deferred
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import OutboxEntry, Tenant
-from django_app.operations import observe
 from django_app.relay.batch import (
     PUBLISHABLE,
     PULSE_ROWS,

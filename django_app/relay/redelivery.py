@@ -49,9 +49,8 @@ from django.db.models import Q
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import Occurrence, OutboxEntry
-from django_app.operations import observe
 
 logger = logging.getLogger(__name__)
 #: The wait before a message counts as lost doubles per publish, at most this many times.

@@ -47,6 +47,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import OverlapPolicy, ScheduleState
 from celery_scheduler.core.timemath import fire_times
+from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, PrunedHistory, Schedule, Tenant
 from django_app.schedules import validation
 from django_app.schedules.reads import BACKFILL_REASON, get_schedule
@@ -106,8 +107,6 @@ def backfill(
         _refuse_pruned(schedule, wanted)
         slots = _release_slots(schedule, len(wanted), now)
         rows = [_row(schedule, t, at, policy, now) for t, at in zip(wanted, slots, strict=True)]
-        from django_app.materialize.per_schedule import insert_ignore
-
         created = insert_ignore(Occurrence, rows)
         OutboxEntry.objects.bulk_create(
             OutboxEntry(
@@ -150,8 +149,6 @@ def _refuse_pruned(schedule: Schedule, wanted: list[datetime]) -> None:
 
 def _fire_times(schedule: Schedule, lo: datetime, hi: datetime) -> list[datetime]:
     """The fire times of the schedule's trigger in ``[lo, hi)``, at most MAX_FIRE_TIMES."""
-    from django_app.materialize.per_schedule import trigger_for
-
     try:
         trigger = trigger_for(schedule)
         first = trigger.first_at_or_after(lo)

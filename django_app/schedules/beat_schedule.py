@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from celery.schedules import crontab, solar
+from celery.schedules import schedule as every_schedule
 from django.db import transaction
 
 from celery_scheduler import errors
@@ -68,9 +70,6 @@ def _interval_seconds(every: timedelta | float, name: str) -> int:
 
 def schedule_fields(name: str, schedule: Any, *, timezone: str) -> dict[str, Any]:
     """``create_schedule`` timing arguments for a Celery schedule object, or raise."""
-    from celery.schedules import crontab, solar
-    from celery.schedules import schedule as every_schedule
-
     if isinstance(schedule, solar):
         raise errors.UnsupportedSchedule(
             f"beat entry {name!r} uses a solar schedule ({schedule.event} at "

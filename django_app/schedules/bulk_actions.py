@@ -18,7 +18,8 @@ from typing import Any
 from celery_scheduler import errors
 from celery_scheduler.api_types import BulkItem, BulkOutcome, BulkReport
 from celery_scheduler.core.clock import Clock
-from django_app.schedules import lifecycle, validation
+from django_app.models import Schedule
+from django_app.schedules import audit, audited, lifecycle, validation
 from django_app.schedules.reads import filtered
 
 #: One call changes at most this many schedules; narrow the filter for more.
@@ -44,16 +45,13 @@ def bulk(
 ) -> BulkReport:
     """Apply ``action`` (pause, resume, cancel) to every schedule matching the filter.
 
-    Each schedule goes through the public (audited) API call, so the audit trail gets one
-    entry per schedule with ``actor`` and ``reason``.
+    Each schedule goes through the audited lifecycle call (``audited``, as the API's own
+    verbs do), so the audit trail gets one entry per schedule with ``actor`` and ``reason``.
     """
-    from celery_scheduler import api
-    from django_app.schedules import audit
-
     verbs: dict[str, Verb] = {
-        "pause": api.pause_schedule,
-        "resume": api.resume_schedule,
-        "cancel": api.cancel_schedule,
+        "pause": audited.pause_schedule,
+        "resume": audited.resume_schedule,
+        "cancel": audited.cancel_schedule,
     }
     verb = verbs[action]
     note = validation.checked_text(note, "note", max_length=500)
@@ -95,8 +93,6 @@ def _item(
     schedule_id: Any, name: str, outcome: BulkOutcome, reason: str, *, state: str = ""
 ) -> BulkItem:
     if not state:
-        from django_app.models import Schedule
-
         found = Schedule.objects.filter(pk=schedule_id).values_list("state", flat=True).first()
         state = found or ""
     return BulkItem(schedule_id=schedule_id, name=name, outcome=outcome, state=state, reason=reason)

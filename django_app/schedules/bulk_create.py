@@ -32,7 +32,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import ScheduleKind, ScheduleState
 from django_app import conf
 from django_app.models import AuditEntry, Schedule, ScheduleTag, ScheduleVersion, Tenant
-from django_app.schedules import lifecycle, validation
+from django_app.schedules import audited, lifecycle, validation
 
 #: Rows per insert statement (and per key lookup): big enough that a round trip is cheap
 #: per row, small enough to keep one statement's memory modest.
@@ -421,7 +421,7 @@ def _json(value: Any) -> str:
 
 def _changes(schedule: Schedule, item: _Item, tags: dict[str, str]) -> dict[str, Any]:
     """The ``update_schedule`` arguments that make ``schedule`` what ``item`` asks for."""
-    current = lifecycle.spec_of(schedule)
+    current = validation.spec_of(schedule)
     wanted = item.spec
     if (
         wanted.kind is ScheduleKind.INTERVAL
@@ -457,10 +457,8 @@ def _update(
     clock: Clock | None,
 ) -> None:
     """The normal update path (version bump, replan, audit); errors name the item."""
-    from celery_scheduler import api
-
     try:
-        api.update_schedule(schedule.id, actor=actor, reason=reason, clock=clock, **changes)
+        audited.update_schedule(schedule.id, actor=actor, reason=reason, clock=clock, **changes)
     except errors.ValidationError as exc:
         raise _at(item.index, exc) from exc
 
@@ -469,13 +467,11 @@ def _prune(
     tenant: Tenant, keep: set[str], *, actor: str, reason: str, clock: Clock | None
 ) -> list[str]:
     """Cancel the tenant's live sync-made schedules whose key is not in ``keep``."""
-    from celery_scheduler import api
-
     live = Schedule.objects.live().filter(tenant=tenant, source=SYNC_SOURCE)
     pruned: list[str] = []
     for schedule_id, key in live.order_by("idempotency_key").values_list("id", "idempotency_key"):
         if key is None or key in keep:
             continue
-        api.cancel_schedule(schedule_id, actor=actor, reason=reason, clock=clock)
+        audited.cancel_schedule(schedule_id, actor=actor, reason=reason, clock=clock)
         pruned.append(key)
     return pruned

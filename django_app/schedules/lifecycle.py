@@ -24,8 +24,6 @@ from celery_scheduler import errors
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import (
-    DstFold,
-    DstGap,
     MisfirePolicy,
     OccurrenceState,
     ScheduleKind,
@@ -34,6 +32,7 @@ from celery_scheduler.core.enums import (
 from celery_scheduler.core.states import UNCLAIMED
 from django_app import conf
 from django_app.db.retry import retry_lock_conflicts
+from django_app.materialize.per_schedule import trigger_for
 from django_app.models import (
     ManualRunKey,
     Occurrence,
@@ -44,6 +43,8 @@ from django_app.models import (
     Tenant,
 )
 from django_app.schedules import audit, create_pg, replan, validation
+from django_app.schedules.skips import mark_skipped_times
+from django_app.schedules.validation import spec_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,8 +614,6 @@ def _require_plannable(schedule: Schedule, now: datetime) -> None:
 
     The same computation that parked it: the materializer's trigger and its next fire time.
     """
-    from django_app.materialize.per_schedule import trigger_for
-
     try:
         trigger_for(schedule).first_at_or_after(now)
     except errors.ValidationError:
@@ -724,36 +723,6 @@ def _resume_cursor(schedule: Schedule, trigger: Any, now: datetime) -> datetime 
     return kept[0] if kept else upcoming
 
 
-def spec_of(schedule: Schedule) -> validation.ScheduleSpec:
-    """The validated spec a stored schedule carries (no re-validation)."""
-    return validation.ScheduleSpec(
-        name=schedule.name,
-        task=schedule.task,
-        kind=ScheduleKind(schedule.kind),
-        cron=schedule.cron,
-        timezone=schedule.timezone,
-        dst_gap=DstGap(schedule.dst_gap),
-        dst_fold=DstFold(schedule.dst_fold),
-        interval_seconds=schedule.interval_seconds,
-        run_at=schedule.run_at,
-        args=list(schedule.args or []),
-        kwargs=dict(schedule.kwargs or {}),
-        queue=schedule.queue,
-        priority=schedule.priority,
-        misfire_policy=MisfirePolicy(schedule.misfire_policy),
-        max_lateness_seconds=schedule.max_lateness_seconds,
-        catchup_cap=schedule.catchup_cap,
-        overlap_policy=validation.OverlapPolicy(schedule.overlap_policy),
-        flexible_window_seconds=schedule.flexible_window_seconds,
-        concurrency_limit=schedule.concurrency_limit,
-        concurrency_group=schedule.concurrency_group,
-        max_attempts=schedule.max_attempts,
-        deadline_seconds=schedule.deadline_seconds,
-        start_at=schedule.start_at,
-        end_at=schedule.end_at,
-    )
-
-
 def _timing_of(spec: validation.ScheduleSpec) -> tuple[Any, ...]:
     return (spec.kind, spec.cron, spec.timezone, spec.dst_gap, spec.dst_fold,
             spec.interval_seconds, spec.run_at, spec.start_at, spec.end_at)  # fmt: skip
@@ -772,8 +741,6 @@ def _open_version(schedule: Schedule, valid_from: datetime) -> None:
         },
     )  # fmt: skip
     if schedule.skip_times:
-        from django_app.schedules.skips import mark_skipped_times
-
         mark_skipped_times(schedule, valid_from)
 
 

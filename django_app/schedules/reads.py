@@ -17,7 +17,7 @@ import binascii
 import json
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -37,6 +37,7 @@ from celery_scheduler.api_types import (
 from celery_scheduler.core import timemath
 from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
+from django_app.materialize.per_schedule import trigger_for
 from django_app.models import Attempt, Occurrence, Schedule, ScheduleTag, ScheduleVersion, Tenant
 from django_app.schedules import validation
 
@@ -161,9 +162,7 @@ def describe_schedule(
 
 
 def _settings(schedule: Schedule) -> dict[str, Any]:
-    from django_app.schedules.lifecycle import spec_of
-
-    values = validation.spec_to_input(spec_of(schedule))
+    values = validation.spec_to_input(validation.spec_of(schedule))
     values["misfire_policy"] = str(values["misfire_policy"])
     values["overlap_policy"] = str(values["overlap_policy"])
     values.update(max_runs=schedule.max_runs, pause_after_failures=schedule.pause_after_failures)
@@ -226,8 +225,6 @@ def next_fire_times(schedule: Schedule, count: int, *, now: datetime) -> list[Fi
     """
     if schedule.state != ScheduleState.ACTIVE:
         return []
-    from django_app.materialize.per_schedule import trigger_for
-
     remaining = remaining_runs(schedule)
     if remaining is not None:
         count = min(count, remaining)
@@ -264,8 +261,6 @@ def next_fire_times(schedule: Schedule, count: int, *, now: datetime) -> list[Fi
 
 def skip_key(instant: datetime) -> str:
     """How a skipped fire time is stored in ``Schedule.skip_times`` (UTC, ISO 8601)."""
-    from datetime import UTC
-
     return instant.astimezone(UTC).isoformat()
 
 

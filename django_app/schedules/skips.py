@@ -25,6 +25,7 @@ from celery_scheduler.api_types import SkipResult
 from celery_scheduler.core import ids
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
+from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.querysets import transition
 from django_app.schedules import validation
@@ -108,8 +109,6 @@ def _next_unrun(schedule: Schedule) -> datetime:
     cursor = schedule.next_run_at
     skipped = set(schedule.skip_times or [])
     if cursor is not None and skip_key(cursor) in skipped:
-        from django_app.materialize.per_schedule import trigger_for
-
         trigger = trigger_for(schedule)
         while cursor is not None and skip_key(cursor) in skipped:
             cursor = trigger.next_after(cursor)
@@ -119,8 +118,6 @@ def _next_unrun(schedule: Schedule) -> datetime:
 
 
 def _require_fire_time(schedule: Schedule, target: datetime, now: datetime) -> None:
-    from django_app.materialize.per_schedule import trigger_for
-
     try:
         trigger = trigger_for(schedule)
         is_fire_time = trigger.first_at_or_after(target) == target
@@ -158,8 +155,6 @@ def _cancel(occurrence: Occurrence, reason: str, now: datetime) -> uuid.UUID:
 
 
 def _mark(schedule: Schedule, at: datetime, reason: str, now: datetime) -> None:
-    from django_app.materialize.per_schedule import insert_ignore
-
     insert_ignore(
         Occurrence,
         [
@@ -185,8 +180,6 @@ def mark_skipped_times(schedule: Schedule, valid_from: datetime) -> None:
     A time that is no longer a fire time of the (possibly updated) trigger is dropped from
     ``skip_times``: it would never fire anyway. The caller saves the schedule row.
     """
-    from django_app.materialize.per_schedule import trigger_for
-
     try:
         trigger = trigger_for(schedule)
     except (errors.SchedulerError, ValueError):

@@ -8,6 +8,7 @@ place. The database constraints stay the final word; this module exists for prec
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import hashlib
 import json
@@ -15,13 +16,19 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
+
+from celery._state import get_current_app
+from django.db import connection
 
 from celery_scheduler import errors
 from celery_scheduler.core import timemath
 from celery_scheduler.core.enums import DstFold, DstGap, MisfirePolicy, OverlapPolicy, ScheduleKind
 from django_app import conf
+
+if TYPE_CHECKING:
+    from django_app.models import Schedule
 
 MAX_INTERVAL = timemath.MAX_INTERVAL
 #: Deepest nesting of args/kwargs (PostgreSQL's jsonb and json.dumps both have limits).
@@ -32,8 +39,6 @@ MAX_JSON_DEPTH_MARIADB = 30
 
 def max_json_depth() -> int:
     """The deepest args/kwargs nesting the configured database stores."""
-    from django.db import connection
-
     if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
         return MAX_JSON_DEPTH_MARIADB
     return MAX_JSON_DEPTH
@@ -74,18 +79,12 @@ class ScheduleSpec:
 
     def trigger(self, *, anchor: datetime) -> timemath.Trigger:
         """The time rule of this spec; ``anchor`` starts an interval without a start_at."""
-        if self.kind is ScheduleKind.CRON:
-            return timemath.CronTrigger(
-                expression=self.cron, timezone=self.timezone, dst_gap=self.dst_gap,
-                dst_fold=self.dst_fold,
-            )  # fmt: skip
-        if self.kind is ScheduleKind.INTERVAL:
-            assert self.interval_seconds is not None
-            return timemath.IntervalTrigger(
-                every=timedelta(seconds=self.interval_seconds), anchor=self.start_at or anchor
-            )
-        assert self.run_at is not None
-        return timemath.OneOffTrigger(run_at=self.run_at)
+        every = self.interval_seconds
+        return timemath.trigger_of(
+            self.kind, cron=self.cron, timezone=self.timezone, dst_gap=self.dst_gap,
+            dst_fold=self.dst_fold, every=None if every is None else timedelta(seconds=every),
+            anchor=self.start_at or anchor, run_at=self.run_at,
+        )  # fmt: skip
 
     def _values(self) -> dict[str, Any]:
         # dataclasses.asdict deep-copies every value; the fields are flat (args and kwargs
@@ -134,6 +133,36 @@ INPUT_FIELDS = frozenset(
         "deadline", "start_at", "end_at",
     }
 )  # fmt: skip
+
+
+def spec_of(schedule: Schedule) -> ScheduleSpec:
+    """The validated spec a stored schedule carries (no re-validation)."""
+    return ScheduleSpec(
+        name=schedule.name,
+        task=schedule.task,
+        kind=ScheduleKind(schedule.kind),
+        cron=schedule.cron,
+        timezone=schedule.timezone,
+        dst_gap=DstGap(schedule.dst_gap),
+        dst_fold=DstFold(schedule.dst_fold),
+        interval_seconds=schedule.interval_seconds,
+        run_at=schedule.run_at,
+        args=list(schedule.args or []),
+        kwargs=dict(schedule.kwargs or {}),
+        queue=schedule.queue,
+        priority=schedule.priority,
+        misfire_policy=MisfirePolicy(schedule.misfire_policy),
+        max_lateness_seconds=schedule.max_lateness_seconds,
+        catchup_cap=schedule.catchup_cap,
+        overlap_policy=OverlapPolicy(schedule.overlap_policy),
+        flexible_window_seconds=schedule.flexible_window_seconds,
+        concurrency_limit=schedule.concurrency_limit,
+        concurrency_group=schedule.concurrency_group,
+        max_attempts=schedule.max_attempts,
+        deadline_seconds=schedule.deadline_seconds,
+        start_at=schedule.start_at,
+        end_at=schedule.end_at,
+    )
 
 
 def spec_to_input(spec: ScheduleSpec) -> dict[str, Any]:
@@ -327,8 +356,6 @@ def _task_name(value: Any, *, check_registry: bool) -> str:
         # import the task modules once more before calling the name unknown.
         registered = registered_task_names(refresh=True)
         if name not in registered:
-            import difflib
-
             close = difflib.get_close_matches(name, registered, n=3)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise errors.UnknownTask(
@@ -342,8 +369,6 @@ def _task_name(value: Any, *, check_registry: bool) -> str:
 def refuse_unsupported_options(name: str) -> None:
     """Refuse a task whose own options a scheduled run cannot honour (the table in
     docs/howto/celery-tools.md); the others apply to scheduled runs."""
-    from celery._state import get_current_app
-
     task = get_current_app().tasks.get(name)
     expires = getattr(task, "expires", None) if task is not None else None
     if expires is not None:
@@ -367,8 +392,6 @@ _imported_apps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _import_task_modules(*, refresh: bool = False) -> Any:
-    from celery._state import get_current_app
-
     app = get_current_app()  # (not the current_app proxy: called once per validated item)
     if refresh or app not in _imported_apps:
         app.loader.import_default_modules()

@@ -1,6 +1,7 @@
-"""Tenancy: tenants and the quotas each tenant gets, shared by every process.
+"""Tenancy on the data path: the quotas each tenant gets, shared by every process.
 
-tenants: create tenants, change their quotas and relay weight, list usage; quotas: the
-quotas enforced on the data path (fair relay batches, trigger rate, running concurrency);
-budget: the per-tenant rate budgets (token buckets) kept in the database.
+quotas: the quotas enforced on the data path (fair relay batches, trigger rate, running
+concurrency); budget: the per-tenant rate budgets (token buckets) kept in the database.
+Creating tenants and changing their quotas is the API's (``django_app.tenants``), above
+the schedules whose input checks it uses.
 """

@@ -42,8 +42,8 @@ from django.db.models import F, FloatField, QuerySet, Value, Window
 from django.db.models.expressions import CombinedExpression
 from django.db.models.functions import Cast, Greatest, RowNumber
 
+from django_app import observe
 from django_app.models import Occurrence, OutboxEntry, Tenant
-from django_app.operations import observe
 from django_app.tenancy import budget
 
 #: The ranked sub-select holds this many batches, so that many racing relays (PostgreSQL)

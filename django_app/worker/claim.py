@@ -36,11 +36,11 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import TERMINAL
+from django_app import observe
 from django_app.db import checks
 from django_app.db.connections import reset_after_error
 from django_app.db.retry import retry_lock_conflicts
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
-from django_app.operations import observe
 from django_app.querysets import transition
 from django_app.tenancy import quotas
 from django_app.worker import limits, waiting

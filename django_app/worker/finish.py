@@ -21,9 +21,8 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app import conf
+from django_app import conf, observe
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
-from django_app.operations import observe
 from django_app.querysets import transition
 from django_app.worker import complete_pg, limits, waiting
 

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from celery import current_task
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from celery_scheduler import errors
@@ -53,8 +54,6 @@ def run_once(
 
     ``tenant_id`` None is the default namespace (a run outside the scheduler).
     """
-    from celery import current_task
-
     task_id = (current_task.request.id if current_task else None) or ""
     # tenant_id=None becomes "tenant IS NULL" in the lookups below.
     namespace = {"tenant_id": tenant_id, "task_name": task_name, "key": key}

@@ -28,6 +28,7 @@ from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
 from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.schedules.lifecycle import close_live_version, pause_locked
 
 
 def counts_as_run(occ: Occurrence) -> bool:
@@ -53,8 +54,6 @@ def count_run(schedule: Schedule, occ: Occurrence, now: datetime) -> None:
         ScheduleState.CANCELED,
         ScheduleState.COMPLETED,
     ):
-        from django_app.schedules.lifecycle import close_live_version
-
         close_live_version(schedule, now)
         reason = f"max_runs reached ({schedule.max_runs} runs made)"
         ahead = (
@@ -104,7 +103,6 @@ def record_outcome(
     limit = schedule.pause_after_failures
     if schedule.consecutive_failures < limit or schedule.state != ScheduleState.ACTIVE:
         return
-    from django_app.schedules.lifecycle import pause_locked
 
     reason = (
         f"paused after {schedule.consecutive_failures} consecutive failed occurrences "

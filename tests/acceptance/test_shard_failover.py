@@ -55,7 +55,7 @@ def node_main(name: str, stop_file: Path) -> int:
     from celery_scheduler.core.clock import SYSTEM_CLOCK
     from celery_scheduler.errors import CoordinationUnavailable
     from django_app.cluster.shards import ShardLeaser
-    from django_app.materialize.per_schedule import materialize_due
+    from django_app.wiring import materialize_due
 
     leaser = ShardLeaser(name, clock=SYSTEM_CLOCK)
     while not stop_file.exists():

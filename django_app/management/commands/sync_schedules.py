@@ -10,6 +10,7 @@ conflict, the quota), 2 bad input (the message names ``items[<index>].<field>``)
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ class Command(BaseCommand):
 
 
 def _load(name: str) -> list[Any]:
-    import sys
-
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
         data = json.loads(text)

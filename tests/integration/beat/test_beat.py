@@ -15,7 +15,7 @@ from celery_scheduler import api, errors
 from celery_scheduler.beat import DatabaseScheduler
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize import per_schedule
+from django_app import wiring
 from django_app.models import Occurrence, OutboxEntry, Schedule
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -116,7 +116,7 @@ def test_database_error_is_survived(
         raise OperationalError("connection refused")
 
     api.create_schedule(name="now", task="billing.ping", interval=3600, clock=clock)
-    monkeypatch.setattr(per_schedule, "materialize_due", down)
+    monkeypatch.setattr(wiring, "materialize_due", down)
     assert s.tick() == 0.5
     assert publisher.sent == []
     monkeypatch.undo()

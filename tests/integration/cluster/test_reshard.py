@@ -21,7 +21,7 @@ from celery_scheduler import api, errors
 from celery_scheduler.beat import DatabaseScheduler
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize import per_schedule
+from django_app import wiring
 from django_app.models import Occurrence, OutboxEntry, Schedule
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -79,7 +79,7 @@ def test_reshard_moves_schedules_and_outbox_rows_and_dry_run_writes_nothing(
     settings.CELERY_SCHEDULER = {"shard_count": 8}
     for i in range(10):
         api.create_schedule(name=f"s{i}", task="billing.ping", interval=60, clock=clock)
-    per_schedule.materialize_due(clock=clock)  # outbox rows in the old shards too
+    wiring.materialize_due(clock=clock)  # outbox rows in the old shards too
     before = dict(Schedule.objects.values_list("id", "shard"))
     stranded = sum(1 for shard in before.values() if shard >= 2)
     assert stranded > 0

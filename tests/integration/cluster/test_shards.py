@@ -19,8 +19,8 @@ from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.errors import CoordinationUnavailable, LeaseLost, SchedulerError
 from django_app.cluster import shards
 from django_app.cluster.shards import ShardLeaser
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import BeatNode, Occurrence, Schedule, ShardLease, Tenant
+from django_app.wiring import materialize_due
 
 pytestmark = pytest.mark.django_db
 

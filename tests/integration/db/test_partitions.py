@@ -284,7 +284,7 @@ MATERIALIZER = (
     TIMELINE
     + """
 from django_app.db import partitions
-from django_app.materialize.per_schedule import materialize_due
+from django_app.wiring import materialize_due
 made = ensured = 0
 midnight = END.replace(hour=0, minute=0, second=0)
 while tick() < END:

@@ -22,9 +22,9 @@ from django.test import override_settings
 from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.operations import reconcile
 from django_app.relay.batch import relay_due
+from django_app.wiring import materialize_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

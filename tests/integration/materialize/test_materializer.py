@@ -15,8 +15,9 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleState
 from django_app import conf
-from django_app.materialize.per_schedule import materialize_due, trigger_for
+from django_app.materialize.per_schedule import trigger_for
 from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

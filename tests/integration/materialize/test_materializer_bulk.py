@@ -22,9 +22,10 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
 from django_app import conf
-from django_app.materialize.per_schedule import MaterializeReport, materialize_due, trigger_for
+from django_app.materialize.per_schedule import MaterializeReport, trigger_for
 from django_app.materialize.set_based import materialize_due_bulk
 from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # Europe's spring-forward night
 MINUTE = timedelta(minutes=1)

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 import django
 django.setup()
 from celery_scheduler.core.clock import FrozenClock
-from django_app.materialize.per_schedule import materialize_due
+from django_app.wiring import materialize_due
 report = materialize_due(clock=FrozenClock(datetime.fromisoformat(sys.argv[1])),
                          horizon=timedelta(0), batch_size=2)
 print(json.dumps(report.__dict__))

@@ -17,8 +17,9 @@ from django.db import connection
 
 from celery_scheduler.core.clock import FrozenClock
 from django_app.materialize import per_schedule
-from django_app.materialize.per_schedule import MaterializeReport, materialize_due
+from django_app.materialize.per_schedule import MaterializeReport
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.wiring import materialize_due
 from tests.integration.materialize.test_materializer import (
     MINUTE,
     NOW,

@@ -21,8 +21,8 @@ from django.urls import reverse
 from celery_scheduler import api, errors, metrics
 from celery_scheduler.core.clock import FrozenClock
 from django_app.materialize import per_schedule
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule
+from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

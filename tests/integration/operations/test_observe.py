@@ -13,11 +13,11 @@ from celery_scheduler import api, metrics
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.errors import CoordinationUnavailable
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
+from django_app import observe
 from django_app.models import Occurrence
-from django_app.operations import observe
 from django_app.relay.batch import relay_due
 from django_app.tasks import execute
+from django_app.wiring import materialize_due
 from django_app.worker import claim, finish
 
 pytestmark = pytest.mark.django_db

@@ -15,9 +15,9 @@ from django.db import connections
 
 from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule
 from django_app.operations.reconcile import reconcile
+from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence
 from django_app.operations import retention
 from django_app.relay.batch import relay_due
+from django_app.wiring import materialize_due
 from django_app.worker import claim, finish
 from tests.conftest import database_family
 

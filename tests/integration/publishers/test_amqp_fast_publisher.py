@@ -27,9 +27,10 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_scheduler import errors
-from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher, celery_publisher
+from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
 from celery_scheduler.publishers.amqp_fast import AmqpFastPublisher, publisher_for
 from celery_scheduler.publishers.celery import CeleryPublisher
+from celery_scheduler.publishers.default import celery_publisher
 from tests.conftest import require_service
 
 WHEN = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)

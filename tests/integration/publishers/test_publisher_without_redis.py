@@ -15,7 +15,7 @@ def test_non_redis_broker_never_imports_redis() -> None:
         import sys
         sys.modules["redis"] = None  # as if redis-py were not installed
         from celery import Celery
-        from celery_scheduler.publishers import celery_publisher
+        from celery_scheduler.publishers.default import celery_publisher
         for url in ("sqla+sqlite:///:memory:", "amqp://guest@127.0.0.1:5672//", "memory://"):
             publisher = celery_publisher(Celery("p", broker=url, set_as_current=False))
             print(type(publisher).__name__)

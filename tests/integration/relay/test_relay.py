@@ -12,10 +12,10 @@ from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.publishers import RUN_OCCURRENCE_TASK, RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.relay import batch as relay_module
 from django_app.relay.batch import LookaheadRelay, relay_due
+from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 pytestmark = pytest.mark.django_db

@@ -19,9 +19,9 @@ from django.db import connection
 from celery_scheduler import api
 from celery_scheduler.core.clock import SystemClock
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.relay.batch import relay_due
+from django_app.wiring import materialize_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CLOCK = SystemClock()

@@ -25,10 +25,10 @@ from psycopg.types.uuid import UUIDDumper, UUIDLoader
 from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock, SystemClock
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import OutboxEntry
 from django_app.relay.batch import relay_due
 from django_app.relay.burst import BurstRelay
+from django_app.wiring import materialize_due
 from tests.integration.relay.test_burst import NOW, drive, seed
 from tests.integration.relay.test_relay_concurrency import in_thread
 

@@ -11,10 +11,10 @@ from celery_scheduler import api, errors
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.operations.reconcile import ABSENT, reconcile
 from django_app.relay.batch import relay_due
+from django_app.wiring import materialize_due
 from django_app.worker import claim
 
 pytestmark = pytest.mark.django_db

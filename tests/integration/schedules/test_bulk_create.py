@@ -18,7 +18,7 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from django_app import conf
 from django_app.models import AuditEntry, Schedule, ScheduleTag, ScheduleVersion, Tenant
-from django_app.schedules import bulk_create, lifecycle
+from django_app.schedules import bulk_create, validation
 
 pytestmark = pytest.mark.django_db
 
@@ -253,7 +253,7 @@ def test_bulk_created_schedules_materialize_like_single_ones(tenants: Any) -> No
     api.create_schedule(**ITEMS[2], tenant="single", clock=CLOCK)
     api.create_schedules([ITEMS[2]], tenant="bulk", clock=CLOCK)
     a, b = Schedule.objects.get(tenant=single), Schedule.objects.get(tenant=bulk)
-    spec_a, spec_b = lifecycle.spec_of(a), lifecycle.spec_of(b)
+    spec_a, spec_b = validation.spec_of(a), validation.spec_of(b)
     assert spec_a == spec_b
     assert spec_b.start_at == NOW
     assert a.next_run_at == b.next_run_at == NOW

@@ -20,8 +20,8 @@ from django.urls import reverse
 from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule, ScheduleVersion
+from django_app.wiring import materialize_due
 from tests.integration.admin_support import login, tenants, users  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db

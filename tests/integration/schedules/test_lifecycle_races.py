@@ -19,8 +19,8 @@ from celery_scheduler import api
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.states import UNCLAIMED
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule
+from django_app.wiring import materialize_due
 
 pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 

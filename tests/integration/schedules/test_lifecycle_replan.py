@@ -19,10 +19,10 @@ from django.test import override_settings
 
 from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule
 from django_app.operations import reconcile
 from django_app.schedules import beat_schedule
+from django_app.wiring import materialize_due
 from django_app.worker import claim, finish
 
 pytestmark = pytest.mark.django_db(transaction=True)

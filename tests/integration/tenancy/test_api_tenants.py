@@ -128,8 +128,8 @@ def test_trigger_rate_change_applies_to_the_next_relay_pass() -> None:
 
 
 def test_catchup_rate_change_applies_to_the_next_materializer_pass() -> None:
-    from django_app.materialize.per_schedule import materialize_due
     from django_app.models import Occurrence
+    from django_app.wiring import materialize_due
 
     api.create_tenant("acme", catchup_rate=1)
     clock = FrozenClock(NOW)

@@ -21,10 +21,10 @@ from celery_scheduler import metrics
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from django_app.relay.batch import relay_due
 from django_app.tenancy import quotas
+from django_app.wiring import materialize_due
 from tests.integration.tenancy.test_tenant_fairness import NOW, seed
 
 MINUTE = timedelta(minutes=1)

@@ -11,9 +11,9 @@ import pytest
 
 from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
-from django_app.materialize.per_schedule import materialize_due
 from django_app.models import Occurrence, Schedule
 from django_app.operations.reconcile import reconcile
+from django_app.wiring import materialize_due
 from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
 from tests.integration.worker_support import make_occurrence, make_schedule

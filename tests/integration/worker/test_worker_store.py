@@ -14,8 +14,8 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
+from django_app import observe
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry
-from django_app.operations import observe
 from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
 from tests.integration.worker_support import make_occurrence, make_schedule

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery_scheduler import metrics
+from django_app.models import OutboxEntry
 
 if TYPE_CHECKING:
     from celery_scheduler.core.reports import MaterializeReport
@@ -67,8 +68,6 @@ def claimed(tenant: str, queued_seconds: float) -> None:
 
 def export_outbox_backlog(now: datetime) -> int:
     """Set ``outbox_backlog``: outbox rows due by ``now`` and not sent (every shard's)."""
-    from django_app.models import OutboxEntry
-
     backlog = OutboxEntry.objects.due(now).count()
     metrics.set_gauge("outbox_backlog", backlog)
     return backlog
