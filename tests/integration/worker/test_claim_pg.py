@@ -23,12 +23,7 @@ from django_app.worker import claim, claim_pg, finish
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 LEASE = timedelta(seconds=30)
-pytestmark = [
-    pytest.mark.django_db,
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="the one-statement claim is PostgreSQL's"
-    ),
-]
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
 
 @pytest.fixture
