@@ -1,6 +1,6 @@
 """Where a scheduled run's worker time goes, phase by phase, in one process.
 
-    python -m bench.worker_profile [--runs 300]
+    python -m bench.worker_profile [--runs 300] [--broker URL]
 
 Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler tables are wiped):
 ``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
@@ -13,6 +13,11 @@ before each run. Last, Celery's tracer around the body, for a plain task and for
 scheduled run with its database part left out: what the wrapper adds on Celery's side. No
 broker: the rest of Celery's side of a task is what the plain rate of
 ``bench.worker_rate`` measures.
+
+Every phase on the kept connection also counts what it sends to the database, per run:
+SQL statements (Django's ``execute_wrappers``, savepoints included) and round trips
+(those statements plus the transaction commands psycopg sends on its own: BEGIN, COMMIT,
+ROLLBACK). These counts do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -30,18 +35,49 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/cs_worker"
+#: Statements and round trips sent while a phase runs, per phase (summed over the runs).
+SENT: dict[str, list[int]] = {}
+_counting: list[str] = []
+_sent = {"statements": 0, "commands": 0}
+
+
+def _count_statement(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    _sent["statements"] += 1
+    return execute(sql, params, many, context)
+
+
+def install_counters(connection: Any) -> None:
+    """Count statements (Django's wrapper) and psycopg's own BEGIN/COMMIT/ROLLBACK."""
+    from psycopg._connection_base import BaseConnection
+
+    connection.execute_wrappers.append(_count_statement)
+    command = BaseConnection._exec_command
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _sent["commands"] += 1
+        return command(self, *args, **kwargs)
+
+    BaseConnection._exec_command = counted  # type: ignore[method-assign]
 
 
 def timed(samples: dict[str, list[float]], name: str, call: Callable[[], Any]) -> Any:
+    statements, commands = _sent["statements"], _sent["commands"]
     started = time.perf_counter()
     value = call()
     samples.setdefault(name, []).append((time.perf_counter() - started) * 1000)
+    sent = SENT.setdefault(name, [0, 0, 0])
+    sent[0] += 1
+    sent[1] += _sent["statements"] - statements
+    sent[2] += _sent["statements"] - statements + _sent["commands"] - commands
     return value
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--broker", default="redis://127.0.0.1:6379/5", help="wiped first")
     args = parser.parse_args(argv)
     os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
     os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
@@ -60,7 +96,8 @@ def main(argv: list[str]) -> None:
     from example_project.celery import app
 
     call_command("migrate", verbosity=0, interactive=False)
-    worker_rate.reset(os.environ["DATABASE_URL"], "redis://127.0.0.1:6379/5")
+    worker_rate.reset(os.environ["DATABASE_URL"], args.broker)
+    install_counters(connection)
     tenant = Tenant.objects.create(slug="bench", name="bench")
     now = datetime.now(UTC).replace(microsecond=0)
 
@@ -121,6 +158,13 @@ def main(argv: list[str]) -> None:
             ),
         )  # fmt: skip
     for occ_id in enqueued(args.runs):
+        timed(
+            samples, "execute() of an @idempotent_task, kept connection",
+            lambda occ_id=occ_id: tasks.execute(
+                app, str(occ_id), "bench.append_line_idempotent", [], {}, worker_name="p"
+            ),
+        )  # fmt: skip
+    for occ_id in enqueued(args.runs):
         connection.close()
         timed(
             samples, "execute() on a new connection",
@@ -134,6 +178,10 @@ def main(argv: list[str]) -> None:
     for name, values in samples.items():
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<{width}}  {statistics.median(values):9.2f}  {p90:6.2f}")
+    print(f"\n{'phase':<{width}}  statements/run  round trips/run")
+    for name, (n, statements, trips) in SENT.items():
+        if statements or trips:
+            print(f"{name:<{width}}  {statements / n:14.2f}  {trips / n:15.2f}")
 
 
 def celery_side(app: Any, samples: dict[str, list[float]], runs: int) -> None:

@@ -19,6 +19,11 @@ for the tenant's ``max_running`` are served oldest ``scheduled_for`` first, and 
 head of each line polls (:mod:`django_app.worker.waiting`). Retries and
 lease-expiry recovery reset the outbox the same way, so the relay republishes the same
 occurrence id.
+
+On PostgreSQL the common claim (no duplicate, still current, no overlap, no quota, no slot,
+no run for ``max_runs`` to count) is one statement (:mod:`django_app.worker.claim_pg`): the
+same locks in the same order and the same writes. Any other case falls back to the
+transaction here, which decides it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from django_app.db.retry import retry_lock_conflicts
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 from django_app.querysets import transition
 from django_app.tenancy import quotas
-from django_app.worker import limits, waiting
+from django_app.worker import claim_pg, limits, waiting
 from django_app.worker.finish import (
     lease_or_default,
     logger,
@@ -121,6 +126,7 @@ def claim(
     cancellation re-check, overlap policy, concurrency slot, then ``-> RUNNING`` with
     ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
     when the database cannot be reached: nothing was claimed, so the caller may retry.
+    On PostgreSQL the common claim is one statement (:mod:`django_app.worker.claim_pg`).
     """
     checks.require_safe_database()  # once per process; refuses on unsafe SQLite
     try:
@@ -142,6 +148,11 @@ def _claim(
     occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
 ) -> ClaimResult:
     lease = lease_or_default(lease)
+    if claim_pg.applies():
+        now = clock.now()
+        claimed = claim_pg.claim(occ_id, worker, now, lease)
+        if claimed is not None:
+            return _claimed_in_one_statement(occ_id, claimed, now)
     with transaction.atomic():
         found = _lock_schedule(occ_id)
         if found is None:
@@ -192,6 +203,30 @@ def _claim(
             # The next waiter becomes the head: it polls while this one runs.
             place.line.wake_oldest(now, besides=occ.pk)
         return _start(schedule, occ, worker, now, lease, slot, tenant)
+
+
+def _claimed_in_one_statement(
+    occ_id: uuid.UUID, claimed: claim_pg.Claimed, now: datetime
+) -> ClaimResult:
+    """The result :func:`_start` returns, from what ``django_app_claim()`` wrote and read."""
+    queued = _queued_since(claimed.state, claimed.enqueued_at, claimed.retry_at)
+    deadline = None
+    if claimed.deadline_seconds:
+        deadline = claimed.scheduled_for + timedelta(seconds=claimed.deadline_seconds)
+    return ClaimResult(
+        outcome=ClaimOutcome.CLAIMED,
+        occurrence_id=occ_id,
+        fencing_token=claimed.token,
+        attempt_number=claimed.number,
+        attempts_in_run=claimed.number - (claimed.last_dead or 0),
+        max_attempts=claimed.max_attempts,
+        deadline=deadline,
+        tenant_id=claimed.tenant_id,
+        tenant=claimed.tenant,
+        started_at=now,
+        queued_seconds=None if queued is None else (now - queued).total_seconds(),
+        timezone=claimed.timezone,
+    )
 
 
 def _wait(
@@ -405,7 +440,7 @@ def _start(
     slot: SlotLease | None,
     tenant: str,
 ) -> ClaimResult:
-    queued = _queued_since(occ)
+    queued = _queued_since(occ.state, occ.enqueued_at, occ.retry_at)
     _lose_previous(occ, now)
     limits.count_run(schedule, occ, now)  # before the transition: reads attempt_count 0
     token = occ.fencing_token + 1
@@ -444,15 +479,17 @@ def _start(
     )
 
 
-def _queued_since(occ: Occurrence) -> datetime | None:
+def _queued_since(
+    state: str, enqueued_at: datetime | None, retry_at: datetime | None
+) -> datetime | None:
     """When the message being claimed was published, for an ENQUEUED occurrence.
 
     ``enqueued_at`` keeps the first publish; a retry or a deferred claim is published again
     at its ``retry_at`` (the outbox row's new ``available_at``), so the later of the two is
     when this message entered the queue. None for a re-claim of an expired RUNNING lease.
     """
-    if occ.state != S.ENQUEUED or occ.enqueued_at is None:
+    if state != S.ENQUEUED or enqueued_at is None:
         return None
-    if occ.retry_at is not None and occ.retry_at > occ.enqueued_at:
-        return occ.retry_at
-    return occ.enqueued_at
+    if retry_at is not None and retry_at > enqueued_at:
+        return retry_at
+    return enqueued_at

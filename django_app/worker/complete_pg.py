@@ -11,6 +11,8 @@ and the caller runs the portable path instead.
 
 Issued outside ``transaction.atomic()`` (autocommit), the statement is its own
 transaction: the portable path's BEGIN, four statements and COMMIT become one round trip.
+It is a call of ``django_app_complete()`` (migration 0022), whose plan the server keeps for
+the session.
 
 Its commit is asynchronous: the statement sets ``synchronous_commit = off`` for its own
 transaction only (``set_config(..., true)``, the ``SET LOCAL`` of a one-statement
@@ -34,45 +36,16 @@ from django.db import connection
 
 from celery_scheduler.core.enums import AttemptOutcome
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
 
-# The schedule is read, not locked: the portable path reads pause_after_failures unlocked
-# too, and locks the schedule only when it is set (then this statement changes nothing).
-_SQL = """
-WITH counts AS (
-    SELECT s.pause_after_failures IS NOT NULL AS counts
-    FROM {occurrence} o JOIN {schedule} s ON s.id = o.schedule_id
-    WHERE o.id = %(id)s
-), occ AS (
-    UPDATE {occurrence} SET state = %(state)s, finished_at = %(now)s,
-        result = %(result)s::jsonb, lease_owner = '', lease_expires_at = NULL,
-        retry_at = NULL
-    WHERE id = %(id)s AND state = %(running)s AND fencing_token = %(token)s
-        AND NOT coalesce((SELECT counts FROM counts), false)
-    RETURNING id
-), att AS (
-    UPDATE {attempt} SET outcome = %(outcome)s, finished_at = %(now)s,
-        result = %(result)s::jsonb
-    WHERE occurrence_id = %(id)s AND fencing_token = %(token)s
-        AND EXISTS (SELECT 1 FROM occ)
-), slot AS (
-    UPDATE {slot} SET owner = '', occurrence_id = NULL, expires_at = NULL
-    WHERE owner = %(owner)s AND EXISTS (SELECT 1 FROM occ)
-    RETURNING tenant_id, key
+# The statement lives in ``django_app_complete()`` (migration 0022): PL/pgSQL keeps its
+# plan for the session, where the same text sent each time was planned on every call. The
+# schedule is read, not locked: the portable path reads pause_after_failures unlocked too,
+# and locks the schedule only when it is set (then the statement changes nothing).
+_SQL = (
+    "SELECT o_moved, o_counts, o_released, o_sync FROM django_app_complete("
+    "%(id)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, %(state)s, %(running)s, "
+    "%(outcome)s)"
 )
-SELECT (SELECT count(*) FROM occ), coalesce((SELECT counts FROM counts), false),
-    (SELECT coalesce(json_agg(json_build_array(tenant_id, key)), '[]') FROM slot),
-    set_config('synchronous_commit', 'off', true)
-"""
-
-
-def _sql() -> str:
-    return _SQL.format(
-        occurrence=connection.ops.quote_name(Occurrence._meta.db_table),
-        schedule=connection.ops.quote_name(Schedule._meta.db_table),
-        attempt=connection.ops.quote_name(Attempt._meta.db_table),
-        slot=connection.ops.quote_name(ConcurrencySlot._meta.db_table),
-    )
 
 
 def complete(
@@ -93,7 +66,7 @@ def complete(
         "owner": slot_owner,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_sql(), params)
+        cursor.execute(_SQL, params)
         row = cursor.fetchone()
     if not row:
         return False, False, []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import current_task
 from django.db import IntegrityError, OperationalError, connection, transaction
@@ -120,6 +120,11 @@ def _run_once(
         with idempotency_context(key):
             value = body()
         result = as_json(value, task_name)
+        fence = current_fence()
+        if connection.vendor == "postgresql" and occurrence_id is not None and fence is not None:
+            if not _store_fenced(namespace, result, occurrence_id, fence):
+                _refuse_stale_effect(occurrence_id, task_name, fence)
+            return result
         IdempotencyRecord.objects.filter(**namespace).update(result=result)
         _require_current_claim(occurrence_id, task_name)
         return result
@@ -171,6 +176,46 @@ def _insert_key(namespace: dict[str, Any], occurrence_id: str | None, task_id: s
     return True
 
 
+# The result's update and the fence's lock in one statement: the record is this
+# transaction's own insert (nobody else can hold it), so their order does not matter.
+_STORE_FENCED = """
+WITH stored AS (
+    UPDATE {record} SET result = %(result)s::jsonb
+    WHERE {tenant} AND task_name = %(task_name)s AND key = %(key)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM stored), count(*) FROM (
+    SELECT 1 FROM {occurrence}
+    WHERE id = %(id)s AND fencing_token = %(token)s AND state = %(running)s
+        AND lease_expires_at > %(now)s
+    FOR UPDATE
+) AS fence
+"""
+
+
+def _store_fenced(
+    namespace: dict[str, Any], result: Any, occurrence_id: str, fence: tuple[int, Any]
+) -> bool:
+    """PostgreSQL: store the result and take the fence's lock (what
+    :func:`_require_current_claim` takes) in one round trip; False if the claim is stale."""
+    token, clock = fence
+    sql = _STORE_FENCED.format(
+        record=connection.ops.quote_name(IdempotencyRecord._meta.db_table),
+        occurrence=connection.ops.quote_name(Occurrence._meta.db_table),
+        tenant="tenant_id IS NULL" if namespace["tenant_id"] is None else "tenant_id = %(tenant)s",
+    )
+    params = {
+        "result": None if result is None else json.dumps(result),  # JSON null: SQL NULL
+        "tenant": namespace["tenant_id"], "task_name": namespace["task_name"],
+        "key": namespace["key"], "id": occurrence_id, "token": token,
+        "running": OccurrenceState.RUNNING.value, "now": clock.now(),
+    }  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row is not None and int(row[1]) == 1
+
+
 def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
     """Refuse to commit the effect of a scheduled run whose claim is no longer current.
 
@@ -196,21 +241,27 @@ def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
         .exists()
     )
     if not current:
-        now = (
-            Occurrence.objects.filter(pk=occurrence_id)
-            .values("state", "fencing_token", "lease_expires_at")
-            .first()
-        )
-        logger.warning(
-            "idempotent task %s: occurrence %s is no longer claimed under token %s; its "
-            "effect is rolled back",
-            task_name,
-            occurrence_id,
-            token,
-            extra={"event": "stale_effect", "occurrence_id": occurrence_id},
-        )
-        raise errors.StaleWrite(
-            f"occurrence {occurrence_id}: the claim under fencing token {token} expired or "
-            f"was taken over while the body ran (now {now}, at {clock.now():%H:%M:%S}); its "
-            "effect was rolled back"
-        )
+        _refuse_stale_effect(occurrence_id, task_name, fence)
+
+
+def _refuse_stale_effect(occurrence_id: str, task_name: str, fence: tuple[int, Any]) -> NoReturn:
+    """Log and raise: the claim is no longer current, so the effect must roll back."""
+    token, clock = fence
+    now = (
+        Occurrence.objects.filter(pk=occurrence_id)
+        .values("state", "fencing_token", "lease_expires_at")
+        .first()
+    )
+    logger.warning(
+        "idempotent task %s: occurrence %s is no longer claimed under token %s; its "
+        "effect is rolled back",
+        task_name,
+        occurrence_id,
+        token,
+        extra={"event": "stale_effect", "occurrence_id": occurrence_id},
+    )
+    raise errors.StaleWrite(
+        f"occurrence {occurrence_id}: the claim under fencing token {token} expired or "
+        f"was taken over while the body ran (now {now}, at {clock.now():%H:%M:%S}); its "
+        "effect was rolled back"
+    )

@@ -123,3 +123,29 @@ def test_an_idempotency_key_is_recorded_without_a_savepoint_on_postgresql() -> N
     assert len(savepoints) == 1, captured.captured_queries
     assert first == {"n": 1}
     assert run() == {"n": 1}  # a second delivery finds the key and returns the stored result
+
+
+@postgres_only
+def test_an_idempotent_runs_result_and_fence_are_one_statement_on_postgresql(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    from celery_scheduler.tasks import occurrence_context
+    from django_app.models import IdempotencyRecord
+    from django_app.worker import idempotency
+
+    occ = make_occurrence(make_schedule(tenant), frozen_clock.now())
+    token = claim.claim(occ.id, worker="w", clock=frozen_clock, lease=LEASE).fencing_token
+    assert token is not None
+    with CaptureQueriesContext(connection) as captured:
+        with occurrence_context(
+            str(occ.id), tenant_id=tenant.pk, fencing_token=token, clock=frozen_clock
+        ):
+            value = idempotency.run_once(
+                "cost-fenced", task_name="bench.cost", occurrence_id=str(occ.id),
+                body=lambda: {"n": 2}, tenant_id=tenant.pk,
+            )  # fmt: skip
+    # The key's insert, then the result's update and the fence's lock as one statement.
+    assert len(_statements(captured)) == 2, _statements(captured)
+    assert value == {"n": 2}
+    record = IdempotencyRecord.objects.get(tenant=tenant, key="cost-fenced")
+    assert record.result == {"n": 2}
