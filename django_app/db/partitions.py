@@ -335,12 +335,12 @@ def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
     unsent outbox row, or a time the schedule's live version has not passed yet (a skip
     marker: deleting it would let the time run)."""
     from celery_scheduler.core.enums import OccurrenceState as S
-    from django_app.models import Schedule
+    from django_app.models import ScheduleCursor
     from django_app.operations.retention import PRUNABLE_STATES
 
     states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
     terminal = ", ".join(f"'{s}'" for s in states)
-    sched = _q(Schedule._meta.db_table)
+    cursor = _q(ScheduleCursor._meta.db_table)
     return f"""
         SELECT o.id, CASE
             WHEN o.state NOT IN ({terminal}) THEN o.state
@@ -350,9 +350,9 @@ def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
         FROM {occ} o
         WHERE o.state NOT IN ({terminal})
            OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
-           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {sched} s WHERE s.id = o.schedule_id
-               AND s.version = o.schedule_version AND s.next_run_at IS NOT NULL
-               AND s.next_run_at <= o.scheduled_for))
+           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {cursor} c WHERE c.schedule_id = o.schedule_id
+               AND c.version = o.schedule_version AND c.next_run_at IS NOT NULL
+               AND c.next_run_at <= o.scheduled_for))
     """
 
 

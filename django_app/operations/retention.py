@@ -48,7 +48,7 @@ from django_app.models import (
     Occurrence,
     OutboxEntry,
     PrunedHistory,
-    Schedule,
+    ScheduleCursor,
 )
 
 #: Terminal states pruned by default. DEAD is terminal too but opt-in (dead-letter queue).
@@ -111,8 +111,9 @@ def _ahead_of_cursor() -> Q:
 
     Every lifecycle change opens a new version, so rows of older versions (and manual
     rows, which have ids of their own) are never written again by the materializers."""
+    # The cursor row carries the version: the narrow table alone answers.
     return Exists(
-        Schedule.objects.filter(
+        ScheduleCursor.objects.filter(
             pk=OuterRef("schedule_id"),
             version=OuterRef("schedule_version"),
             next_run_at__isnull=False,
