@@ -250,9 +250,10 @@ class Schedule(models.Model):
         """Saves the row, then its cursor row when a column the cursor copies may have
         changed (``shard``, ``version``, ``state``) or ``next_run_at`` was set."""
         fields = kwargs.get("update_fields")
+        new = self._state.adding
         super().save(*args, **kwargs)
-        if fields is None or _PENDING_CURSOR in self.__dict__ or set(fields) & CURSOR_COPIES:
-            write_cursor(self)
+        if new or fields is None or _PENDING_CURSOR in self.__dict__ or set(fields) & CURSOR_COPIES:
+            write_cursor(self, new=new)
 
     def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
         self.__dict__.pop(_PENDING_CURSOR, None)
@@ -332,11 +333,14 @@ def cursor_values(schedule: Schedule) -> dict[str, Any]:
     }
 
 
-def write_cursor(schedule: Schedule) -> None:
-    """Insert or update ``schedule``'s cursor row from the instance; caches it on it."""
+def write_cursor(schedule: Schedule, *, new: bool = False) -> None:
+    """Insert (``new``: the schedule was just inserted) or update ``schedule``'s cursor row
+    from the instance; caches it on it."""
     values = cursor_values(schedule)
     schedule.__dict__.pop(_PENDING_CURSOR, None)
-    if not ScheduleCursor.objects.filter(pk=schedule.pk).update(**values):
+    if new:
+        ScheduleCursor.objects.create(schedule_id=schedule.pk, **values)
+    elif not ScheduleCursor.objects.filter(pk=schedule.pk).update(**values):
         ScheduleCursor.objects.create(schedule_id=schedule.pk, **values)
     Schedule.cursor.related.set_cached_value(
         schedule, ScheduleCursor(schedule_id=schedule.pk, **values)
