@@ -113,6 +113,7 @@ def seed(n_schedules: int, n_occurrences: int) -> None:
         Occurrence,
         OutboxEntry,
         Schedule,
+        ScheduleCursor,
         ScheduleTag,
         ScheduleVersion,
         Tenant,
@@ -155,10 +156,6 @@ def seed(n_schedules: int, n_occurrences: int) -> None:
                     "CASE WHEN (g / 10) % 10 = 9 THEN %(now)s + (g % 86400) * interval '1 s' END"
                 ),
                 "state": state,
-                "next_run_at": (
-                    f"CASE WHEN ({state}) = 'ACTIVE' OR ({state}) = 'PAUSED' "
-                    "THEN %(now)s + (g % 3600) * interval '1 s' END"
-                ),
                 "shard": "g % 64",
                 "parked_reason": f"CASE WHEN ({state}) = 'PARKED' THEN 'timing error' ELSE '' END",
                 "source": "'bench'",
@@ -168,6 +165,21 @@ def seed(n_schedules: int, n_occurrences: int) -> None:
             "FROM generate_series(0, %(n)s - 1) AS g",
         )
         cursor.execute(_bind(schedule_sql, now=now, n=n_schedules))
+        cursor_sql = _insert(
+            ScheduleCursor,
+            {
+                "schedule": "s.id",
+                "shard": "s.shard",
+                "version": "s.version",
+                "active": "s.state = 'ACTIVE'",
+                "next_run_at": (
+                    "CASE WHEN s.state IN ('ACTIVE', 'PAUSED') "
+                    "THEN %(now)s + (abs(hashtext(s.id::text)) % 3600) * interval '1 s' END"
+                ),
+            },
+            f"FROM {Schedule._meta.db_table} s",
+        )
+        cursor.execute(_bind(cursor_sql, now=now, n=n_schedules))
         cursor.execute(
             _insert(
                 ScheduleVersion,

@@ -25,7 +25,7 @@ SELECT 'bench-' || g, 'bench ' || g, 1, now() FROM generate_series(0, 99) g
 ON CONFLICT DO NOTHING;
 INSERT INTO django_app_schedule (
   id, tenant_id, name, task, args, kwargs, queue, priority, kind, cron, timezone, version,
-  state, next_run_at, shard, parked_reason, misfire_policy, max_lateness_seconds,
+  state, shard, parked_reason, misfire_policy, max_lateness_seconds,
   catchup_cap, overlap_policy, flexible_window_seconds, concurrency_group, content_hash,
   source, created_at, updated_at, pause_reason, runs_count, consecutive_failures, skip_times
 )
@@ -33,11 +33,16 @@ SELECT md5('bench' || g)::uuid, t.id, 'bench job ' || g,
   CASE WHEN g % 7 = 0 THEN 'billing.create_invoice' ELSE 'billing.ping' END,
   '[]', '{}', '', 0, 'CRON', '*/5 * * * *', 'UTC', 1,
   CASE WHEN g % 50 = 0 THEN 'PAUSED' WHEN g % 97 = 0 THEN 'CANCELED' ELSE 'ACTIVE' END,
-  TIMESTAMPTZ '2026-03-01 12:00:00+00' + (g % 86400) * INTERVAL '1 second',
   g % 64, '', 'SKIP', 300, 10, 'ALLOW', 0, '', '', 'bench',
   TIMESTAMPTZ '2026-01-01 00:00:00+00' + g * INTERVAL '1 millisecond', now(), '', 0, 0, '[]'
 FROM generate_series(0, {n} - 1) g
 JOIN django_app_tenant t ON t.slug = 'bench-' || (g % 100);
+INSERT INTO django_app_schedulecursor (schedule_id, shard, version, active, next_run_at)
+SELECT s.id, s.shard, s.version, s.state = 'ACTIVE',
+  TIMESTAMPTZ '2026-03-01 12:00:00+00'
+  + (substring(s.name from 11)::int % 86400) * INTERVAL '1 second'
+FROM django_app_schedule s WHERE s.source = 'bench'
+ON CONFLICT DO NOTHING;
 INSERT INTO django_app_scheduletag (schedule_id, tenant_id, key, value)
 SELECT s.id, s.tenant_id, 'team', CASE WHEN s.name LIKE '%%0' THEN 'billing' ELSE 'ops' END
 FROM django_app_schedule s WHERE s.source = 'bench' AND right(s.name, 2) IN ('10', '20');
@@ -48,6 +53,8 @@ DROP_SQL = """
 DELETE FROM django_app_occurrence WHERE schedule_id IN
   (SELECT id FROM django_app_schedule WHERE source = 'bench');
 DELETE FROM django_app_scheduletag WHERE schedule_id IN
+  (SELECT id FROM django_app_schedule WHERE source = 'bench');
+DELETE FROM django_app_schedulecursor WHERE schedule_id IN
   (SELECT id FROM django_app_schedule WHERE source = 'bench');
 DELETE FROM django_app_schedule WHERE source = 'bench';
 DELETE FROM django_app_tenant WHERE slug LIKE 'bench-%%';

@@ -62,10 +62,10 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM django_app_outboxentry")
             cursor.execute("DELETE FROM django_app_occurrence")
-            cursor.execute("UPDATE django_app_schedule SET next_run_at = %s", [due])
+            cursor.execute("UPDATE django_app_schedulecursor SET next_run_at = %s", [due])
         connection.close()
         with psycopg.connect(f"{PG}/{args.db}", autocommit=True) as direct:
-            for table in ("schedule", "occurrence", "outboxentry"):
+            for table in ("schedule", "schedulecursor", "occurrence", "outboxentry"):
                 direct.execute(f"VACUUM (ANALYZE) django_app_{table}")
 
     def timed(label: str) -> None:

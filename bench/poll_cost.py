@@ -52,7 +52,6 @@ def seed(schedules: int, history: int) -> None:
         "id": "gen_random_uuid()",
         "shard": "g %% 64",
         "name": "'s' || g",
-        "next_run_at": "now() + interval '1 day' + (g %% 3600) * interval '1 second'",
     }
     select = ", ".join(generated.get(c, c) for c in cols)
     table = Schedule._meta.db_table
@@ -61,6 +60,12 @@ def seed(schedules: int, history: int) -> None:
             f"INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
             f"FROM {table}, generate_series(2, %s) g WHERE id = %s",
             [schedules, template.id],
+        )
+        cur.execute(
+            "INSERT INTO django_app_schedulecursor (schedule_id, shard, version, active, "
+            "next_run_at) SELECT id, shard, version, true, now() + interval '1 day' + "
+            f"(abs(hashtext(id::text)) %% 3600) * interval '1 second' FROM {table} "
+            "ON CONFLICT DO NOTHING"
         )
         occ, box = Occurrence._meta.db_table, OutboxEntry._meta.db_table
         cur.execute(

@@ -10,6 +10,7 @@ written by :mod:`django_app.querysets` (the managers, and ``transition()``).
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -149,9 +150,8 @@ class Schedule(models.Model):
     state = models.CharField(
         max_length=16, choices=_choices(ScheduleState), default=ScheduleState.ACTIVE.value
     )
-    #: The durable cursor: the next scheduled_for not yet materialized (UTC). NULL when no
-    #: future fire time exists or the schedule is not active.
-    next_run_at = models.DateTimeField(null=True, blank=True)
+    # The durable cursor (``next_run_at``) lives in ScheduleCursor, a narrow row of its own:
+    # it moves on every plan, and a move here would rewrite every index of this wide row.
     shard = models.PositiveIntegerField(default=0)
     #: Why the materializer parked this schedule (state PARKED) and when; cleared on un-park.
     parked_reason = models.CharField(max_length=500, blank=True, default="")
@@ -228,18 +228,10 @@ class Schedule(models.Model):
             check_constraint(condition=Q(version__gte=1), name="schedule_version_positive"),
         ]
         indexes = [
-            # The materializer's hot path: due schedules of a shard, in time order.
-            models.Index(
-                fields=["shard", "next_run_at"],
-                condition=Q(state="ACTIVE"),
-                name="schedule_due_by_shard",
-            ),
             models.Index(fields=["tenant", "state"], name="schedule_tenant_state"),
             # list_schedules' keyset pagination: (created_at, id) order, per tenant or not.
             models.Index(fields=["created_at", "id"], name="schedule_keyset"),
             models.Index(fields=["tenant", "created_at", "id"], name="schedule_tenant_keyset"),
-            # list_schedules(next_run_before/after=...): a range of cursors in any state.
-            models.Index(fields=["next_run_at"], name="schedule_next_run"),
             # The admin list's default order (name, then id in the same direction), and its
             # task filter's loose index scan, across tenants and within one.
             models.Index(fields=["name", "id"], name="schedule_admin_name"),
@@ -253,6 +245,106 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind} v{self.version})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Saves the row, then its cursor row when a column the cursor copies may have
+        changed (``shard``, ``version``, ``state``) or ``next_run_at`` was set."""
+        fields = kwargs.get("update_fields")
+        new = self._state.adding
+        super().save(*args, **kwargs)
+        if new or fields is None or _PENDING_CURSOR in self.__dict__ or set(fields) & CURSOR_COPIES:
+            write_cursor(self, new=new)
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.pop(_PENDING_CURSOR, None)
+        super().refresh_from_db(*args, **kwargs)
+
+    @property
+    def next_run_at(self) -> datetime | None:
+        """The cursor (:class:`ScheduleCursor`): the next scheduled_for not yet materialized
+        (UTC). NULL when no future fire time exists or the schedule ended."""
+        if _PENDING_CURSOR in self.__dict__:
+            return self.__dict__[_PENDING_CURSOR]
+        if self._state.adding:
+            return None
+        try:
+            return self.cursor.next_run_at
+        except ScheduleCursor.DoesNotExist:
+            return None
+
+    @next_run_at.setter
+    def next_run_at(self, value: datetime | None) -> None:
+        # Written to the cursor row by the next save() (Schedule(next_run_at=...) too).
+        self.__dict__[_PENDING_CURSOR] = value
+
+
+#: Where a ``next_run_at`` set on an instance waits for its save.
+_PENDING_CURSOR = "_pending_next_run_at"
+#: Schedule columns the cursor row carries a copy of (the materializer reads and checks
+#: them without touching the schedule row).
+CURSOR_COPIES = frozenset({"shard", "version", "state"})
+
+
+class ScheduleCursor(models.Model):
+    """The schedule's durable cursor, one narrow row per schedule (created with it).
+
+    ``next_run_at`` moves on every plan. On the schedule row it was indexed, so each move
+    was a non-HOT update that wrote a new entry in every one of that row's indexes; here a
+    move writes this small row and its three index entries. ``shard``, ``version`` and
+    ``active`` (state is ACTIVE) are copies the schedule's writers keep in step (``save()``,
+    ``ScheduleQuerySet.update``/``bulk_create``, the PostgreSQL create function): the due
+    query reads only this table's index, and the cursor move's condition checks only this
+    row, so a concurrent lifecycle call (which locks this row with the schedule's) is seen.
+    """
+
+    schedule = models.OneToOneField(
+        Schedule, on_delete=models.CASCADE, primary_key=True, related_name="cursor"
+    )
+    shard = models.PositiveIntegerField(default=0)
+    version = models.PositiveIntegerField(default=1)
+    active = models.BooleanField(default=True)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The materializer's hot path: due schedules of a shard, in time order; only
+            # ACTIVE ones (a paused schedule keeps its cursor and is never due).
+            models.Index(
+                fields=["shard", "next_run_at"],
+                condition=Q(active=True),
+                name="schedule_cursor_due",
+            ),
+            # list_schedules(next_run_before/after=...) and the admin's "Next run" order:
+            # a range of cursors in any state.
+            models.Index(fields=["next_run_at"], name="schedule_cursor_next_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} -> {self.next_run_at}"
+
+
+def cursor_values(schedule: Schedule) -> dict[str, Any]:
+    """The cursor row's columns for ``schedule`` as it is in memory."""
+    return {
+        "shard": schedule.shard,
+        "version": schedule.version,
+        "active": schedule.state == ScheduleState.ACTIVE.value,
+        "next_run_at": schedule.next_run_at,
+    }
+
+
+def write_cursor(schedule: Schedule, *, new: bool = False) -> None:
+    """Insert (``new``: the schedule was just inserted) or update ``schedule``'s cursor row
+    from the instance; caches it on it."""
+    values = cursor_values(schedule)
+    schedule.__dict__.pop(_PENDING_CURSOR, None)
+    if new:
+        ScheduleCursor.objects.create(schedule_id=schedule.pk, **values)
+    elif not ScheduleCursor.objects.filter(pk=schedule.pk).update(**values):
+        ScheduleCursor.objects.create(schedule_id=schedule.pk, **values)
+    Schedule.cursor.related.set_cached_value(
+        schedule, ScheduleCursor(schedule_id=schedule.pk, **values)
+    )
 
 
 class ScheduleTag(models.Model):

@@ -1,8 +1,9 @@
 """The queries written in several places, named once: the managers of the data-plane models.
 
 ``Schedule.objects.due(until, shards)``: ACTIVE schedules whose cursor is at or before
-``until`` (the materializer's work; the ``schedule_due_by_shard`` index); ``live()``: not
-COMPLETED or CANCELED.
+``until`` (the materializer's work; the ``schedule_cursor_due`` index of the cursor rows);
+``live()``: not COMPLETED or CANCELED. The cursor is the ``cursor`` row (ScheduleCursor):
+the queryset reads the old spelling ``next_run_at`` there, and keeps the row in step.
 
 ``Occurrence.objects``: ``unclaimed()`` (may still be invalidated), ``running_leased(now)``
 and ``lease_expired(now)`` (RUNNING under a live or an expired lease), and
@@ -19,7 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from django.db import models
 from django.db.models import Q
@@ -27,6 +28,17 @@ from django.db.models import Q
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import ScheduleState
 from celery_scheduler.core.states import UNCLAIMED, sources_of, state_values
+
+_UNSET: Any = object()
+
+
+def _cursor_lookup(name: str) -> str:
+    """``next_run_at[__lookup]`` (or ``-next_run_at``) on the cursor row."""
+    bare = name.lstrip("-")
+    if bare == "next_run_at" or bare.startswith("next_run_at__"):
+        return name[: len(name) - len(bare)] + "cursor__" + bare
+    return name
+
 
 #: Schedule states that are not an end (COMPLETED, CANCELED).
 LIVE_SCHEDULE_STATES = (ScheduleState.ACTIVE, ScheduleState.PAUSED, ScheduleState.PARKED)
@@ -36,10 +48,97 @@ if TYPE_CHECKING:  # the models import this module: the names are for the type c
 
 
 class ScheduleQuerySet(models.QuerySet["Schedule"]):
+    """Schedules; the cursor (``next_run_at``) is the ``cursor`` row (ScheduleCursor), so
+    lookups spell it ``cursor__next_run_at``. What this queryset writes keeps that row in
+    step: ``update`` and ``bulk_create`` write the cursor rows too, and a blocking
+    ``select_for_update`` locks them after the schedules (the order every writer takes)."""
+
     def due(self, until: datetime, shards: Collection[int] | None = None) -> ScheduleQuerySet:
         """ACTIVE schedules (of ``shards``, if given) with ``next_run_at <= until``."""
-        due = self.filter(state=ScheduleState.ACTIVE.value, next_run_at__lte=until)
-        return due if shards is None else due.filter(shard__in=list(shards))
+        due = self.filter(cursor__active=True, cursor__next_run_at__lte=until)
+        return due if shards is None else due.filter(cursor__shard__in=list(shards))
+
+    def _filter_or_exclude(self, negate: bool, args: Any, kwargs: Any) -> ScheduleQuerySet:
+        # The cursor's old spelling (``next_run_at__lte=...``) still reads the cursor row.
+        kwargs = {_cursor_lookup(k): v for k, v in kwargs.items()}
+        return super()._filter_or_exclude(negate, args, kwargs)  # type: ignore[misc]
+
+    def values_list(self, *fields: Any, **kwargs: Any) -> Any:
+        fields = tuple(_cursor_lookup(f) if isinstance(f, str) else f for f in fields)
+        return super().values_list(*fields, **kwargs)
+
+    def values(self, *fields: Any, **expressions: Any) -> Any:
+        if "next_run_at" in fields:
+            fields = tuple(f for f in fields if f != "next_run_at")
+            expressions["next_run_at"] = models.F("cursor__next_run_at")
+        return super().values(*fields, **expressions)
+
+    def order_by(self, *names: Any) -> Self:
+        return super().order_by(*(_cursor_lookup(n) if isinstance(n, str) else n for n in names))
+
+    def update(self, **kwargs: Any) -> int:
+        """``UPDATE``; ``next_run_at`` and the columns the cursor row copies are written to
+        the cursor rows of the schedules updated as well."""
+        # deferred (manager): the models name their managers, defined here
+        from django_app.models import CURSOR_COPIES, ScheduleCursor
+
+        cursor_value = kwargs.pop("next_run_at", _UNSET)
+        if cursor_value is _UNSET and not kwargs.keys() & CURSOR_COPIES:
+            return super().update(**kwargs)
+        ids = list(self.order_by().values_list("pk", flat=True))
+        if not ids:
+            return 0
+        rows = self.model._default_manager.filter(pk__in=ids)
+        moved = super(ScheduleQuerySet, rows).update(**kwargs) if kwargs else len(ids)
+        cursor: dict[str, Any] = {}
+        if cursor_value is not _UNSET:
+            cursor["next_run_at"] = cursor_value
+        if "state" in kwargs:
+            cursor["active"] = kwargs["state"] == ScheduleState.ACTIVE.value
+        cursor.update({k: kwargs[k] for k in ("shard", "version") if k in kwargs})
+        # An F() expression (version=F("version") + 1) reads the schedule's new value.
+        for name in ("shard", "version"):
+            if name in cursor and hasattr(cursor[name], "resolve_expression"):
+                cursor[name] = models.Subquery(
+                    rows.filter(pk=models.OuterRef("pk")).values(name)[:1]
+                )
+        ScheduleCursor.objects.filter(pk__in=ids).update(**cursor)
+        return moved
+
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """``bulk_create``, and each schedule's cursor row."""
+        # deferred (manager): the models name their managers, defined here
+        from django_app.models import ScheduleCursor, cursor_values
+
+        made = super().bulk_create(objs, *args, **kwargs)
+        ScheduleCursor.objects.bulk_create(
+            [ScheduleCursor(schedule_id=s.pk, **cursor_values(s)) for s in made],
+            ignore_conflicts=bool(kwargs.get("ignore_conflicts")),
+        )
+        return made
+
+    def _fetch_all(self) -> None:
+        fresh = self._result_cache is None
+        super()._fetch_all()
+        query = self.query
+        if not (fresh and query.select_for_update and not query.select_for_update_skip_locked):
+            return
+        if query.select_for_update_of:  # only the rows named (a claim's lock of "self")
+            return
+        if self._iterable_class is not models.query.ModelIterable or not self._result_cache:
+            return
+        # deferred (manager): the models name their managers, defined here
+        from django_app.models import ScheduleCursor
+
+        # Lock the cursor rows too (after the schedules, as every writer does): the
+        # materializer's cursor move then waits for this transaction and sees its writes
+        # (on PostgreSQL the set-based materializer locks the schedule rows; elsewhere
+        # its cursor move is the row it checks).
+        found = ScheduleCursor.objects.select_for_update(nowait=query.select_for_update_nowait)
+        cursors = found.in_bulk([s.pk for s in self._result_cache])
+        for schedule in self._result_cache:
+            if schedule.pk in cursors:
+                type(schedule).cursor.related.set_cached_value(schedule, cursors[schedule.pk])
 
     def live(self) -> ScheduleQuerySet:
         """Not ended (ACTIVE, PAUSED, PARKED): what counts against ``max_schedules``."""

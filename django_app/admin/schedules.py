@@ -204,7 +204,7 @@ class ScheduleAdmin(TenantScopedAdmin):
     # --- queryset, form, permissions -------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).select_related("tenant")
+        return super().get_queryset(request).select_related("tenant", "cursor")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return ScheduleChangeList
@@ -415,7 +415,7 @@ class ScheduleAdmin(TenantScopedAdmin):
             return display.fmt_interval(obj.interval_seconds)
         return format_html("once at {}", display.local_and_utc(obj.run_at, obj.timezone))
 
-    @admin.display(description=_("Next run"), ordering="next_run_at")
+    @admin.display(description=_("Next run"), ordering="cursor__next_run_at")
     def next_run_column(self, obj: Any) -> str:
         # The earliest occurrence still to run; the cursor only when none is planned yet
         # (it is one period past the newest planned occurrence).

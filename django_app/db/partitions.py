@@ -45,7 +45,7 @@ from django.db import connection, transaction
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
-from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule
+from django_app.models import Attempt, Occurrence, OutboxEntry, ScheduleCursor
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -336,7 +336,7 @@ def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
     marker: deleting it would let the time run)."""
     states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
     terminal = ", ".join(f"'{s}'" for s in states)
-    sched = _q(Schedule._meta.db_table)
+    cursor = _q(ScheduleCursor._meta.db_table)
     return f"""
         SELECT o.id, CASE
             WHEN o.state NOT IN ({terminal}) THEN o.state
@@ -346,9 +346,9 @@ def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
         FROM {occ} o
         WHERE o.state NOT IN ({terminal})
            OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
-           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {sched} s WHERE s.id = o.schedule_id
-               AND s.version = o.schedule_version AND s.next_run_at IS NOT NULL
-               AND s.next_run_at <= o.scheduled_for))
+           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {cursor} c WHERE c.schedule_id = o.schedule_id
+               AND c.version = o.schedule_version AND c.next_run_at IS NOT NULL
+               AND c.next_run_at <= o.scheduled_for))
     """
 
 

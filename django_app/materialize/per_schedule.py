@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import Model, Q
 
 from celery_scheduler.core import ids
@@ -36,6 +36,7 @@ from django_app.models import (
     Occurrence,
     OutboxEntry,
     Schedule,
+    ScheduleCursor,
     ScheduleVersion,
     ShardLease,
     SkippedSpan,
@@ -102,7 +103,11 @@ def materialize_due(
         shards = list(fencing)
     now = clock.now()
     until = now + horizon
-    due = Schedule.objects.due(until, shards).select_related("tenant").order_by("next_run_at", "id")
+    due = (
+        Schedule.objects.due(until, shards)
+        .select_related("tenant", "cursor")
+        .order_by("cursor__next_run_at", "id")
+    )
     report = MaterializeReport()
     lost: set[int] = set()
     last: tuple[datetime, uuid.UUID] | None = None
@@ -110,7 +115,7 @@ def materialize_due(
     while True:
         page = due
         if last is not None:
-            page = due.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
+            page = due.filter(after_cursor(*last))
         batch = list(page[:batch_size])
         if last is None and batch:
             oldest = batch[0].next_run_at
@@ -140,9 +145,16 @@ def materialize_due(
 def count_due_schedules(*, until: datetime, shards: Collection[int] | None, limit: int) -> int:
     """ACTIVE schedules of ``shards`` with a cursor at or before ``until``, counted up to
     ``limit`` (an index range: the cost grows with the schedules due, not with all)."""
-    due = Schedule.objects.due(until, shards)
+    due = ScheduleCursor.objects.filter(active=True, next_run_at__lte=until)
+    if shards is not None:
+        due = due.filter(shard__in=list(shards))
     # Only indexed columns: an index-only range where the visibility map allows it.
-    return due.order_by().values("shard", "next_run_at")[:limit].count()
+    return due.values("shard", "next_run_at")[:limit].count()
+
+
+def after_cursor(at: datetime, schedule_id: uuid.UUID) -> Q:
+    """Schedules after ``(at, schedule_id)`` in the due order (keyset paging)."""
+    return Q(cursor__next_run_at__gt=at) | Q(cursor__next_run_at=at, id__gt=schedule_id)
 
 
 def materialize_one(
@@ -161,8 +173,10 @@ def materialize_one(
     fault point ``materialize.before_insert``; the tenant's catch-up slots for the late
     firing times (:func:`reserve_catchup`); the firing occurrences and the MISSED ones,
     each ``ON CONFLICT DO NOTHING``; one outbox row per firing occurrence this transaction
-    created; then ``UPDATE schedule SET next_run_at=<new> [, state=COMPLETED] WHERE id=..
-    AND version=<read> AND next_run_at=<read> AND state='ACTIVE'``. If that matches no row
+    created; then (if the schedule has no further fire time: ``UPDATE schedule SET
+    state=COMPLETED``) ``UPDATE schedulecursor SET next_run_at=<new>, active=<not done>
+    WHERE schedule_id=.. AND version=<read> AND next_run_at=<read> AND active``. If that
+    matches no row
     the whole transaction rolls back (a stale node never moves the cursor back nor writes
     occurrences of an old version). After commit: fault point ``materialize.after_commit``.
     """
@@ -202,16 +216,12 @@ def materialize_one(
             write_outbox(schedule, fire_rows, created)
             record_skipped_spans([(schedule, plan)], now=now, max_missed=max_missed)
             done = plan.next_cursor is None
-            moved = Schedule.objects.filter(
-                id=schedule.id,
-                version=schedule.version,
-                next_run_at=cursor,
-                state=ScheduleState.ACTIVE.value,
-            ).update(
-                next_run_at=plan.next_cursor,
-                state=(ScheduleState.COMPLETED if done else ScheduleState.ACTIVE).value,
-                updated_at=now,
-            )
+            if done:  # the schedule row first, as every writer locks it
+                complete_schedules([schedule.id], now=now)
+            # The cursor row carries the version and state copies: one row checked.
+            moved = ScheduleCursor.objects.filter(
+                pk=schedule.id, version=schedule.version, next_run_at=cursor, active=True
+            ).update(next_run_at=plan.next_cursor, active=not done)
             if moved != 1:
                 raise _Rollback("stale_cursor", conflicts)
     except _Rollback as rollback:
@@ -236,6 +246,14 @@ def materialize_one(
         missed=len(created_missed),
         completed=int(done),
         history_jumped=int(plan.jumped is not None),
+    )
+
+
+def complete_schedules(ids: list[uuid.UUID], *, now: datetime) -> None:
+    """The schedules whose cursor just moved to None (no further fire time) COMPLETE; their
+    cursor rows already say inactive (the cursor move wrote it)."""
+    models.QuerySet(Schedule).filter(id__in=ids, state=ScheduleState.ACTIVE.value).update(
+        state=ScheduleState.COMPLETED.value, updated_at=now
     )
 
 
@@ -268,7 +286,7 @@ def park(schedule: Schedule, exc: Exception, *, now: datetime) -> str:
     moved = Schedule.objects.filter(
         id=schedule.id,
         version=schedule.version,
-        next_run_at=cursor,
+        cursor__next_run_at=cursor,
         state=ScheduleState.ACTIVE.value,
     ).update(state=ScheduleState.PARKED.value, parked_reason=reason, parked_at=now, updated_at=now)
     if moved != 1:

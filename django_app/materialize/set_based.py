@@ -14,9 +14,10 @@ batch:
    (:func:`django_app.materialize.per_schedule.reserve_catchup`);
 4. the firing and MISSED occurrences, ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO
    NOTHING RETURNING id`` in chunks; one outbox INSERT for the created firing ids;
-5. ``UPDATE schedule ... FROM unnest(...) WHERE id, version, next_run_at, state`` match what
-   was read; the row count must equal the batch's (the rows are locked, so it does). If it
-   does not, the batch rolls back and its schedules go through the per-schedule path.
+5. ``UPDATE schedulecursor ... FROM unnest(...) WHERE id, version, next_run_at, active``
+   match what was read (the narrow cursor row only; the schedules that have no further fire
+   time then COMPLETE); the row count must equal the batch's (the rows are locked, so it
+   does). If it does not, the batch rolls back and its schedules go through the per-schedule path.
 
 After commit: fault point ``materialize.after_commit`` (once per batch). Elsewhere than on
 PostgreSQL :func:`materialize_due_bulk` is
@@ -33,16 +34,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
 
 from celery_scheduler.core.clock import Clock
-from celery_scheduler.core.enums import MisfirePolicy, ScheduleKind, ScheduleState
+from celery_scheduler.core.enums import MisfirePolicy, ScheduleKind
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf, observe
 from django_app.materialize import per_schedule as single
-from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleCursor, ShardLease, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,12 @@ def materialize_due_bulk(
     now = clock.now()
     until = now + horizon
     # The JSON payload columns are for the messages, not for planning: not read here.
-    due = Schedule.objects.due(until, shards).defer(*PAYLOAD_FIELDS).order_by("next_run_at", "id")
+    due = (
+        Schedule.objects.due(until, shards)
+        .select_related("cursor")
+        .defer(*PAYLOAD_FIELDS)
+        .order_by("cursor__next_run_at", "id")
+    )
     report = single.MaterializeReport()
     lost: set[int] = set()
     last: tuple[datetime, uuid.UUID] | None = None
@@ -98,7 +103,7 @@ def materialize_due_bulk(
     while True:
         page = due.exclude(shard__in=lost) if lost else due
         if last is not None:
-            page = page.filter(Q(next_run_at__gt=last[0]) | Q(next_run_at=last[0], id__gt=last[1]))
+            page = page.filter(single.after_cursor(*last))
         one, read = _batch(
             page,
             batch_size,
@@ -388,24 +393,26 @@ def _insert_outbox(
 
 
 def _advance(planned: list[_Planned], *, now: datetime) -> int:
-    """The conditional cursor UPDATE for the whole batch; returns how many COMPLETED."""
-    table = connection.ops.quote_name(Schedule._meta.db_table)
-    active, completed = ScheduleState.ACTIVE.value, ScheduleState.COMPLETED.value
+    """The conditional cursor UPDATE for the whole batch (the narrow cursor rows only);
+    then the schedules with no further fire time COMPLETE. Returns how many did."""
+    table = connection.ops.quote_name(ScheduleCursor._meta.db_table)
     ids = [p.schedule.id for p in planned]
     versions = [p.schedule.version for p in planned]
     cursors = [p.schedule.next_run_at for p in planned]
     nexts = [p.plan.next_cursor for p in planned]
-    states = [active if p.plan.next_cursor is not None else completed for p in planned]
     sql = (
-        f"UPDATE {table} AS s SET next_run_at = v.next, state = v.state, updated_at = %s "
-        "FROM unnest(%s::uuid[], %s::integer[], %s::timestamptz[], %s::timestamptz[], "
-        "%s::varchar[]) AS v(id, version, cursor, next, state) "
-        "WHERE s.id = v.id AND s.version = v.version AND s.next_run_at = v.cursor "
-        "AND s.state = %s"
+        f"UPDATE {table} AS c SET next_run_at = v.next, active = v.next IS NOT NULL "
+        "FROM unnest(%s::uuid[], %s::integer[], %s::timestamptz[], %s::timestamptz[]) "
+        "AS v(id, version, cursor, next) "
+        "WHERE c.schedule_id = v.id AND c.version = v.version AND c.next_run_at = v.cursor "
+        "AND c.active"
     )
     with connection.cursor() as cur:
-        cur.execute(sql, [now, ids, versions, cursors, nexts, states, active])
+        cur.execute(sql, [ids, versions, cursors, nexts])
         moved = cur.rowcount
     if moved != len(planned):
         raise _BatchRejected(f"cursor UPDATE matched {moved} of {len(planned)} schedule(s)")
-    return states.count(completed)
+    done = [p.schedule.id for p in planned if p.plan.next_cursor is None]
+    if done:
+        single.complete_schedules(done, now=now)
+    return len(done)

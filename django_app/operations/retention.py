@@ -49,7 +49,7 @@ from django_app.models import (
     Occurrence,
     OutboxEntry,
     PrunedHistory,
-    Schedule,
+    ScheduleCursor,
 )
 
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
@@ -110,8 +110,9 @@ def _ahead_of_cursor() -> Q:
 
     Every lifecycle change opens a new version, so rows of older versions (and manual
     rows, which have ids of their own) are never written again by the materializers."""
+    # The cursor row carries the version: the narrow table alone answers.
     return Exists(
-        Schedule.objects.filter(
+        ScheduleCursor.objects.filter(
             pk=OuterRef("schedule_id"),
             version=OuterRef("schedule_version"),
             next_run_at__isnull=False,

@@ -31,7 +31,14 @@ from celery_scheduler.api_types import BulkCreateReport, ScheduleSyncReport
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import ScheduleKind, ScheduleState
 from django_app import conf
-from django_app.models import AuditEntry, Schedule, ScheduleTag, ScheduleVersion, Tenant
+from django_app.models import (
+    AuditEntry,
+    Schedule,
+    ScheduleCursor,
+    ScheduleTag,
+    ScheduleVersion,
+    Tenant,
+)
 from django_app.schedules import audited, lifecycle, validation
 
 #: Rows per insert statement (and per key lookup): big enough that a round trip is cheap
@@ -184,6 +191,7 @@ def _create(
     ids: list[uuid.UUID] = []
     versions: list[dict[str, Any]] = []
     tags: list[dict[str, Any]] = []
+    cursors: list[dict[str, Any]] = []
     replayed = 0
     with _Writer(Schedule) as schedules:
         for item in validated:
@@ -202,6 +210,7 @@ def _create(
             if item.key is not None:  # a later item with the same key replays this one
                 existing[item.key] = (row["id"], item.digest)
             schedules.add(row)
+            cursors.append(cursor_row(row))
             ids.append(row["id"])
             versions.append(lifecycle.first_version_values(row, now))
             if item.extras.get("tags"):
@@ -210,6 +219,7 @@ def _create(
                     tags.append(tag)
     created = len(versions)
     _check_quota(tenant_obj, created)  # refused: the transaction rolls the rows back
+    _write(ScheduleCursor, cursors)
     _write(ScheduleVersion, versions)
     _write(ScheduleTag, tags)
     # One audit entry per item, as one create_schedule call per item writes (a replay too);
@@ -231,6 +241,18 @@ def _check_quota(tenant: Tenant, new: int) -> None:
             f"tenant {tenant.slug!r} has {live} schedules and this batch adds {new} "
             f"(max_schedules={tenant.max_schedules})"
         )
+
+
+def cursor_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The cursor row of a new schedule's columns (``new_schedule_values``)."""
+    state = row.get("state", ScheduleState.ACTIVE.value)
+    return {
+        "schedule_id": row["id"],
+        "shard": row["shard"],
+        "version": row.get("version", 1),
+        "active": state == ScheduleState.ACTIVE.value,
+        "next_run_at": row["next_run_at"],
+    }
 
 
 def _write(model: type[models.Model], rows: Iterable[dict[str, Any]]) -> None:
@@ -319,7 +341,9 @@ class _Writer:
 
     def _flush(self) -> None:
         if self.pending:
-            self.model._default_manager.bulk_create([self.model(**r) for r in self.pending])
+            # The plain QuerySet's: each row's cursor is written as a row of its own here.
+            rows = [self.model(**r) for r in self.pending]
+            models.QuerySet(self.model).bulk_create(rows)  # type: ignore[arg-type]
             self.pending = []
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:

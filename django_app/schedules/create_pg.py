@@ -20,7 +20,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models
 
-from django_app.models import AuditEntry, Schedule, ScheduleVersion
+from django_app.models import AuditEntry, Schedule, ScheduleVersion, cursor_values
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,9 @@ def create(
     """Create ``schedule`` (its ``version``, ``tags`` and ``audit`` entry) for the tenant
     named ``tenant_slug``, unless its key names an existing schedule or the tenant's quota
     is used up; one statement, in the caller's transaction if there is one."""
-    rows = {"schedule": _row(schedule), "version": _row(version)}
+    cursor_row = {k: v.isoformat() if isinstance(v, datetime) else v
+                  for k, v in cursor_values(schedule).items()}  # fmt: skip
+    rows = {"schedule": _row(schedule), "version": _row(version), "cursor": cursor_row}
     if audit is not None:
         rows["audit"] = _row(audit)
     with connection.cursor() as cursor:

@@ -303,7 +303,7 @@ _VERSION_COLUMNS = ("kind", "cron", "timezone", "dst_gap", "dst_fold", "interval
 
 def first_version(schedule: Schedule, now: datetime) -> ScheduleVersion:
     """The unsaved version-1 row of a new schedule (what ``_open_version`` writes)."""
-    values = first_version_values(vars(schedule), now)
+    values = first_version_values({**vars(schedule), "next_run_at": schedule.next_run_at}, now)
     del values["schedule_id"]
     return ScheduleVersion(schedule=schedule, **values)
 

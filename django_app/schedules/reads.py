@@ -328,7 +328,7 @@ def filtered(
     next_run_after: datetime | None = None,
 ) -> QuerySet[Schedule]:
     """Schedules matching every filter given (validated; ValidationError names the field)."""
-    qs = Schedule.objects.all()
+    qs = Schedule.objects.select_related("cursor")
     tenant_obj = tenant_by_slug(tenant)
     if tenant_obj is not None:
         qs = qs.filter(tenant=tenant_obj)
@@ -350,9 +350,9 @@ def filtered(
     before = validation.aware_datetime(next_run_before, "next_run_before")
     after = validation.aware_datetime(next_run_after, "next_run_after")
     if before is not None:
-        qs = qs.filter(next_run_at__lt=before)
+        qs = qs.filter(cursor__next_run_at__lt=before)
     if after is not None:
-        qs = qs.filter(next_run_at__gte=after)
+        qs = qs.filter(cursor__next_run_at__gte=after)
     for key, value in parse_tag(tag).items():
         match = ScheduleTag.objects.filter(schedule=OuterRef("pk"), key=key)
         if tenant_obj is not None:

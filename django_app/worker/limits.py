@@ -27,7 +27,7 @@ from django.db.models import F
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
-from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleCursor
 from django_app.schedules.lifecycle import close_live_version, pause_locked
 
 
@@ -54,6 +54,9 @@ def count_run(schedule: Schedule, occ: Occurrence, now: datetime) -> None:
         ScheduleState.CANCELED,
         ScheduleState.COMPLETED,
     ):
+        # The cursor row next (after the schedule, as every writer): a materializer's
+        # cursor move waits for this transaction, then finds the schedule ended.
+        ScheduleCursor.objects.select_for_update().filter(pk=schedule.pk).first()
         close_live_version(schedule, now)
         reason = f"max_runs reached ({schedule.max_runs} runs made)"
         ahead = (

@@ -212,7 +212,7 @@ def test_the_materializer_rejects_a_write_with_a_stale_token(
 ) -> None:
     schedule_id = uuid.uuid4()
     shard = ids.shard_for(schedule_id, N)
-    Schedule.objects.create(
+    Schedule.objects.create(  # type: ignore[misc]  # next_run_at: a property
         id=schedule_id,
         tenant=tenant,
         name="every minute",

@@ -21,7 +21,7 @@ from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.ids import occurrence_id
 from django_app.db import partitions
-from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule
+from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule, ScheduleCursor
 from django_app.operations.retention import record_pruned
 from django_app.wiring import DjangoBackend
 from tests.integration.worker_support import make_schedule
@@ -225,7 +225,8 @@ def test_a_skip_marker_ahead_of_the_cursor_blocks_and_force_drops_anyway(tenant:
     occ = partitions.tables()[0]
     s, done, _ = old_slot(tenant)
     marker = add(s, OLD + timedelta(hours=3), S.CANCELED, manual=False)
-    Schedule.objects.filter(pk=s.pk).update(next_run_at=OLD)  # the cursor has not passed it
+    # The cursor (its own row) has not passed the marker.
+    ScheduleCursor.objects.filter(pk=s.pk).update(next_run_at=OLD)
     report = partitions.drop_old(LATER, 7 * DAY, on_prune=record_pruned, wait=True)
     assert report.refused[f"{occ}_p20250110"]["blocking"] == {"AHEAD_OF_CURSOR": 1}
     forced = partitions.drop_old(LATER, 7 * DAY, on_prune=record_pruned, force=True, wait=True)

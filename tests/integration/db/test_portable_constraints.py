@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from django_app.models import IdempotencyRecord, OutboxEntry, Schedule
+from django_app.models import IdempotencyRecord, OutboxEntry, Schedule, ScheduleCursor
 from tests.integration.worker_support import make_schedule
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +58,7 @@ def _indexed_column_lists(model: type[Any]) -> list[list[str]]:
 @pytest.mark.parametrize(
     ("model", "columns"),
     [
-        (Schedule, ["shard", "next_run_at"]),
+        (ScheduleCursor, ["shard", "next_run_at"]),
         (OutboxEntry, ["available_at"]),
         (OutboxEntry, ["shard", "available_at"]),
     ],

@@ -16,7 +16,14 @@ from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleState
 from django_app import conf
 from django_app.materialize.per_schedule import trigger_for
-from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.models import (
+    Occurrence,
+    OutboxEntry,
+    Schedule,
+    ScheduleCursor,
+    ShardLease,
+    Tenant,
+)
 from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -236,7 +243,8 @@ def test_stale_version_or_cursor_rolls_back_everything(
 
     def update_behind_its_back(*args: Any, **kwargs: Any) -> Any:
         # Simulates the lifecycle API committing an update between read and write.
-        Schedule.objects.filter(id=s.id).update(version=2, next_run_at=NOW + 5 * MINUTE)
+        Schedule.objects.filter(id=s.id).update(version=2)  # the cursor row's copy too
+        ScheduleCursor.objects.filter(pk=s.id).update(next_run_at=NOW + 5 * MINUTE)
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(per_schedule, "plan_pass", update_behind_its_back)

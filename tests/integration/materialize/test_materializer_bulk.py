@@ -65,7 +65,7 @@ def random_schedule(rng: random.Random, tenant: Tenant) -> Schedule:
         fields["run_at"] = cursor = NOW + timedelta(seconds=rng.randint(-2 * 3600, 5 * 60))
     if kind != "ONE_OFF" and rng.random() < 0.2:
         fields["end_at"] = NOW + timedelta(seconds=rng.randint(-3600, 120))
-    return Schedule.objects.create(
+    return Schedule.objects.create(  # type: ignore[misc]  # next_run_at: a property
         id=sid,
         tenant=tenant,
         name=f"s-{sid.hex[:8]}",
@@ -195,7 +195,7 @@ def test_schedules_sharing_a_cursor_get_their_own_plans_in_one_batch() -> None:
     cursor = NOW - timedelta(minutes=30)
     for variant in VARIANTS * 3:  # three of each: shared plans and distinct ones
         sid = uuid.uuid4()
-        Schedule.objects.create(
+        Schedule.objects.create(  # type: ignore[misc]  # next_run_at: a property
             id=sid, tenant=tenant, name=sid.hex[:8], task="billing.tasks.noop",
             shard=ids.shard_for(sid, conf.get().shard_count), next_run_at=cursor,
             **{**BASE, **variant},
@@ -215,7 +215,7 @@ def test_schedules_sharing_a_cursor_get_their_own_plans_in_one_batch() -> None:
 
 def make(tenant: Tenant, **fields: Any) -> Schedule:
     sid = uuid.uuid4()
-    return Schedule.objects.create(
+    return Schedule.objects.create(  # type: ignore[misc]  # next_run_at: a property
         id=sid,
         tenant=tenant,
         name=sid.hex[:8],

@@ -21,7 +21,7 @@ from django.db import connection
 
 from celery_scheduler import api
 from celery_scheduler.core.clock import FrozenClock
-from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.models import Occurrence, OutboxEntry, ScheduleCursor
 from django_app.operations.reconcile import reconcile
 from tests.acceptance.support import database_url as acceptance_database_url
 
@@ -65,7 +65,7 @@ def run_child(
 
 
 def moved() -> int:
-    return Schedule.objects.exclude(next_run_at=NOW).count()
+    return ScheduleCursor.objects.exclude(next_run_at=NOW).count()
 
 
 @pytest.mark.parametrize(

@@ -90,23 +90,23 @@ def _data_queries(captured: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
 
 
-def test_a_plain_create_makes_four_queries(tenant: Any) -> None:
-    """Tenant (locked), schedule, first version, audit entry (on PostgreSQL one call does
-    all four: tests/integration/schedules/test_create_pg.py)."""
+def test_a_plain_create_makes_five_queries(tenant: Any) -> None:
+    """Tenant (locked), schedule, its cursor row, first version, audit entry (on PostgreSQL
+    one call does all five: tests/integration/schedules/test_create_pg.py)."""
     api.create_schedule(**BASE, tenant="acme", clock=CLOCK)  # imports, default tenant etc.
     with CaptureQueriesContext(connection) as captured:
         api.create_schedule(**BASE, tenant="acme", clock=CLOCK)
-    assert len(_data_queries(captured)) <= 4, _data_queries(captured)
+    assert len(_data_queries(captured)) <= 5, _data_queries(captured)
 
 
-def test_a_create_with_key_and_tags_makes_six_queries(tenant: Any) -> None:
+def test_a_create_with_key_and_tags_makes_seven_queries(tenant: Any) -> None:
     """Plus the key's lookup and one insert of every tag."""
     api.create_schedule(**BASE, tenant="acme", clock=CLOCK)
     with CaptureQueriesContext(connection) as captured:
         api.create_schedule(
             **BASE, tenant="acme", clock=CLOCK, idempotency_key="k", tags={"a": "1", "b": "2"}
         )
-    assert len(_data_queries(captured)) <= 6, _data_queries(captured)
+    assert len(_data_queries(captured)) <= 7, _data_queries(captured)
     with CaptureQueriesContext(connection) as replay:
         api.create_schedule(
             **BASE, tenant="acme", clock=CLOCK, idempotency_key="k", tags={"a": "1", "b": "2"}

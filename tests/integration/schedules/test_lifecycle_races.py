@@ -170,7 +170,8 @@ def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
 
     The writer holds a shared lock on the schedule row (what InnoDB's foreign-key check of
     an occurrence insert takes, there implicitly), a pause asks for the row's exclusive lock
-    and waits, then the writer updates the row itself (the materializer's cursor update).
+    and waits, then the writer updates the row itself (the materializer's COMPLETED update
+    of a schedule with no further fire time; a plain plan moves only the cursor's own row).
     InnoDB calls that a deadlock and rolls back the transaction that wrote less, the pause,
     which must run again once the writer commits. PostgreSQL lets a shared-lock holder
     update its row past a waiter, and the pause just waits.

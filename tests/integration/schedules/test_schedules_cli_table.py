@@ -10,7 +10,7 @@ from django.core.management import call_command
 
 from celery_scheduler import api
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app.models import Schedule
+from django_app.models import ScheduleCursor
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +22,7 @@ def test_schedules_list_columns_align_with_and_without_microseconds() -> None:
         made = api.create_schedule(
             tenant="a-rather-long-tenant-slug", name=name, task="billing.ping", interval=60
         )
-        Schedule.objects.filter(pk=made.id).update(next_run_at=when)
+        ScheduleCursor.objects.filter(pk=made.id).update(next_run_at=when)
     out = StringIO()
     call_command("schedules", "list", stdout=out)
     lines = out.getvalue().splitlines()
