@@ -71,6 +71,7 @@ def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iter
     """:func:`validate_items` one item at a time (a bulk create writes while it validates)."""
     settings = conf.get()
     json_depth = validation.max_json_depth()
+    memo = validation.BatchMemo()  # the task and trigger checks once per distinct value
     for index, item in enumerate(items):
         try:
             if not isinstance(item, Mapping):
@@ -90,7 +91,9 @@ def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iter
             extras = validation.validate_extras(
                 {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
             )
-            spec = validation.validate(now=now, settings=settings, json_depth=json_depth, **values)
+            spec = validation.validate(
+                now=now, settings=settings, json_depth=json_depth, memo=memo, **values
+            )
             if key is not None:
                 key = validation.checked_text(key, "idempotency_key", required=True)
         except errors.ValidationError as exc:
