@@ -219,8 +219,33 @@ def _create(
     # ``detail`` is left to its default ({}), encoded once per chunk rather than per row.
     entry = {"at": now, "tenant_id": tenant_obj.pk, "action": "create", "actor": actor,
              "reason": reason, "occurrence_id": None}  # fmt: skip
-    _write(AuditEntry, [{**entry, "schedule_id": schedule_id} for schedule_id in ids])
+    if connection.vendor == "postgresql":
+        _audit_pg(entry, ids)
+    else:
+        _write(AuditEntry, [{**entry, "schedule_id": schedule_id} for schedule_id in ids])
     return BulkCreateReport(schedule_ids=ids, created=created, existing=replayed)
+
+
+def _audit_pg(entry: dict[str, Any], ids: Sequence[uuid.UUID]) -> None:
+    """The audit entries of ``ids`` built by the server from one array of ids per chunk.
+
+    The rows differ only in their schedule: sending the ids alone spares the client a
+    ``COPY`` row (eight encoded values) per item. ``WITH ORDINALITY`` keeps the entries' ids
+    in item order, as the rows were sent before.
+    """
+    table = connection.ops.quote_name(AuditEntry._meta.db_table)
+    statement = (
+        f"INSERT INTO {table} (at, tenant_id, schedule_id, occurrence_id, action, actor, "
+        "reason, detail) SELECT %s, %s, s.id, NULL, %s, %s, %s, '{}'::jsonb "
+        "FROM unnest(%s::uuid[]) WITH ORDINALITY AS s(id, n) ORDER BY s.n"
+    )
+    with connection.cursor() as cursor:
+        for chunk in _chunks(ids):
+            cursor.execute(
+                statement,
+                [entry["at"], entry["tenant_id"], entry["action"], entry["actor"],
+                 entry["reason"], list(chunk)],
+            )  # fmt: skip
 
 
 def _check_quota(tenant: Tenant, new: int) -> None:

@@ -242,6 +242,9 @@ def test_a_bad_item_after_many_chunks_rolls_everything_back(
     assert [s.name for s in Schedule.objects.filter(pk__in=report.schedule_ids)] != []
     got = dict(Schedule.objects.values_list("id", "name"))
     assert [got[i] for i in report.schedule_ids] == [i["name"] for i in items]
+    # The audit entries are in item order too (on PostgreSQL the server builds them).
+    audited = list(AuditEntry.objects.order_by("id").values_list("schedule_id", flat=True))
+    assert audited == report.schedule_ids
 
 
 def test_idempotency_keys_replay_and_conflict_as_in_single_create(tenants: Any) -> None:
