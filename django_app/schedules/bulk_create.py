@@ -7,7 +7,10 @@ every table set-based, one insert per table per chunk: schedules, their first ve
 their tags, and the audit entries. Each row is computed by the same functions a single create
 uses (``lifecycle.new_schedule``/``first_version``/``new_tags``), so a schedule created in
 bulk cannot be told from one created singly. On PostgreSQL the inserts are ``COPY`` (the
-wire format PostgreSQL loads fastest); elsewhere they are Django's ``bulk_create``.
+wire format PostgreSQL loads fastest), but the audit entries, which differ only in their
+schedule, are built by the server from the chunk's ids; elsewhere they are Django's
+``bulk_create``. Values many items share (task name, cron, interval, time zone) are
+checked once per call (``validation.BatchMemo``).
 
 :func:`sync_schedules` is the declarative layer over it: the items are the wanted state,
 keyed by idempotency key.
