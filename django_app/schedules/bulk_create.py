@@ -7,7 +7,10 @@ every table set-based, one insert per table per chunk: schedules, their first ve
 their tags, and the audit entries. Each row is computed by the same functions a single create
 uses (``lifecycle.new_schedule``/``first_version``/``new_tags``), so a schedule created in
 bulk cannot be told from one created singly. On PostgreSQL the inserts are ``COPY`` (the
-wire format PostgreSQL loads fastest); elsewhere they are Django's ``bulk_create``.
+wire format PostgreSQL loads fastest), but the audit entries, which differ only in their
+schedule, are built by the server from the chunk's ids; elsewhere they are Django's
+``bulk_create``. Values many items share (task name, cron, interval, time zone) are
+checked once per call (``validation.BatchMemo``).
 
 :func:`sync_schedules` is the declarative layer over it: the items are the wanted state,
 keyed by idempotency key.
@@ -78,6 +81,7 @@ def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iter
     """:func:`validate_items` one item at a time (a bulk create writes while it validates)."""
     settings = conf.get()
     json_depth = validation.max_json_depth()
+    memo = validation.BatchMemo()  # the task and trigger checks once per distinct value
     for index, item in enumerate(items):
         try:
             if not isinstance(item, Mapping):
@@ -97,7 +101,9 @@ def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iter
             extras = validation.validate_extras(
                 {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
             )
-            spec = validation.validate(now=now, settings=settings, json_depth=json_depth, **values)
+            spec = validation.validate(
+                now=now, settings=settings, json_depth=json_depth, memo=memo, **values
+            )
             if key is not None:
                 key = validation.checked_text(key, "idempotency_key", required=True)
         except errors.ValidationError as exc:
@@ -226,8 +232,33 @@ def _create(
     # ``detail`` is left to its default ({}), encoded once per chunk rather than per row.
     entry = {"at": now, "tenant_id": tenant_obj.pk, "action": "create", "actor": actor,
              "reason": reason, "occurrence_id": None}  # fmt: skip
-    _write(AuditEntry, [{**entry, "schedule_id": schedule_id} for schedule_id in ids])
+    if connection.vendor == "postgresql":
+        _audit_pg(entry, ids)
+    else:
+        _write(AuditEntry, [{**entry, "schedule_id": schedule_id} for schedule_id in ids])
     return BulkCreateReport(schedule_ids=ids, created=created, existing=replayed)
+
+
+def _audit_pg(entry: dict[str, Any], ids: Sequence[uuid.UUID]) -> None:
+    """The audit entries of ``ids`` built by the server from one array of ids per chunk.
+
+    The rows differ only in their schedule: sending the ids alone spares the client a
+    ``COPY`` row (eight encoded values) per item. ``WITH ORDINALITY`` keeps the entries' ids
+    in item order, as the rows were sent before.
+    """
+    table = connection.ops.quote_name(AuditEntry._meta.db_table)
+    statement = (
+        f"INSERT INTO {table} (at, tenant_id, schedule_id, occurrence_id, action, actor, "
+        "reason, detail) SELECT %s, %s, s.id, NULL, %s, %s, %s, '{}'::jsonb "
+        "FROM unnest(%s::uuid[]) WITH ORDINALITY AS s(id, n) ORDER BY s.n"
+    )
+    with connection.cursor() as cursor:
+        for chunk in _chunks(ids):
+            cursor.execute(
+                statement,
+                [entry["at"], entry["tenant_id"], entry["action"], entry["actor"],
+                 entry["reason"], list(chunk)],
+            )  # fmt: skip
 
 
 def _check_quota(tenant: Tenant, new: int) -> None:

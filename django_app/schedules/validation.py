@@ -194,17 +194,36 @@ def spec_to_input(spec: ScheduleSpec) -> dict[str, Any]:
     }
 
 
+@dataclass
+class BatchMemo:
+    """What :func:`validate` learnt about values many items of one batch share.
+
+    Only checks whose answer depends on nothing but the value itself are kept (the task
+    name against the Celery registry; cron, interval and time zone), and only when they
+    passed: a refused value is checked again for every item that has it, so each error
+    still names its own item. One memo lives for one call (a bulk create): a task
+    registered or a setting changed later is seen by the next call.
+    """
+
+    tasks: dict[str, str] = field(default_factory=dict)
+    triggers: dict[tuple[Any, ...], tuple[ScheduleKind, str, str, int | None, None]] = field(
+        default_factory=dict
+    )
+
+
 def validate(
     *,
     now: datetime,
     settings: conf.SchedulerSettings | None = None,
     json_depth: int | None = None,
+    memo: BatchMemo | None = None,
     **values: Any,
 ) -> ScheduleSpec:
     """Validate create/update input (see ``INPUT_FIELDS``) into a spec, or raise.
 
     ``settings`` and ``json_depth`` (:func:`max_json_depth`): when the caller already read
-    them (a bulk create validates many items against one reading).
+    them (a bulk create validates many items against one reading); ``memo``: the checks of
+    values already accepted for an earlier item of the same batch (:class:`BatchMemo`).
     """
     unknown = sorted(set(values) - INPUT_FIELDS)
     if unknown:
@@ -214,8 +233,14 @@ def validate(
         )
     settings = settings or conf.get()
     name = checked_text(values.get("name"), "name", required=True, max_length=200)
-    task = _task_name(values.get("task"), check_registry=settings.validate_task_names)
-    kind, cron, tz_name, interval_seconds, run_at = _trigger_fields(values)
+    raw_task = values.get("task")
+    if memo is not None and type(raw_task) is str and raw_task in memo.tasks:
+        task = memo.tasks[raw_task]
+    else:
+        task = _task_name(raw_task, check_registry=settings.validate_task_names)
+        if memo is not None and type(raw_task) is str:
+            memo.tasks[raw_task] = task
+    kind, cron, tz_name, interval_seconds, run_at = _memo_trigger_fields(values, memo)
     dst_gap, dst_fold = timemath.dst_policy(
         values.get("dst_gap"), values.get("dst_fold"), cron=kind is ScheduleKind.CRON
     )
@@ -312,6 +337,28 @@ def _first_cron_fire(
         expression=expression, timezone=timezone, dst_gap=dst_gap, dst_fold=dst_fold
     )
     return trigger.first_at_or_after(at)
+
+
+def _memo_trigger_fields(
+    values: dict[str, Any], memo: BatchMemo | None
+) -> tuple[ScheduleKind, str, str, int | None, datetime | None]:
+    """:func:`_trigger_fields`, from ``memo`` for a cron or interval seen before."""
+    run_at = values.get("run_at")
+    raw = (values.get("cron"), values.get("interval"), values.get("timezone"))
+    # Keyed by type too: interval=True is refused although True == 1. A one-off's run_at
+    # differs per item and is checked against ``now``: never memoized.
+    if (
+        memo is None
+        or (run_at is not None and run_at != "")
+        or not all(type(v) in (str, int, type(None)) for v in raw)
+    ):
+        return _trigger_fields(values)
+    key = tuple((type(v), v) for v in raw)
+    found = memo.triggers.get(key)
+    if found is None:
+        kind, cron, tz_name, seconds, _ = _trigger_fields(values)
+        found = memo.triggers[key] = (kind, cron, tz_name, seconds, None)
+    return found
 
 
 def _trigger_fields(

@@ -176,6 +176,54 @@ def test_a_bad_item_names_its_index_and_field_and_nothing_is_written(
     assert not AuditEntry.objects.exists()
 
 
+def test_values_shared_by_items_are_checked_once_per_batch(
+    tenants: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry lookup and the cron parse run once per distinct value, not per item."""
+    from celery_scheduler.core import timemath  # deferred (test-only spy on a core class)
+
+    calls = {"task": 0, "cron": 0}
+    real_task, real_cron = validation.is_registered_task, timemath.CronTrigger.__post_init__
+
+    def task(name: str) -> bool:
+        calls["task"] += 1
+        return real_task(name)
+
+    def cron(self: Any) -> None:
+        calls["cron"] += 1
+        real_cron(self)
+
+    monkeypatch.setattr(validation, "is_registered_task", task)
+    monkeypatch.setattr(timemath.CronTrigger, "__post_init__", cron)
+    items = [dict(ITEMS[0], name=f"s{i}") for i in range(20)]
+    api.create_schedules(items, tenant="bulk", clock=CLOCK)
+    assert calls["task"] == 1
+    # One parse while validating; the first fire (cached per expression) may build one more.
+    assert calls["cron"] <= 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "field"),
+    [
+        ({"task": "no.such.task"}, errors.UnknownTask, "items[3].task"),
+        ({"cron": "61 * * * *"}, errors.InvalidCronExpression, "items[3].cron"),
+        ({"timezone": "Mars/Base"}, errors.UnknownTimeZone, "items[3].timezone"),
+        ({"interval": True}, errors.ValidationError, "items[3].interval"),
+    ],
+)
+def test_a_value_refused_after_others_were_accepted_still_names_its_item(
+    tenants: Any, bad: dict[str, Any], error: type[Exception], field: str
+) -> None:
+    """What the batch memo keeps for accepted values never lets a refused one through."""
+    items = [dict(ITEMS[2 if "interval" in bad else 0], name=f"s{i}") for i in range(6)]
+    items[3].update(bad)
+    items[5].update(bad)  # refused again the second time: only accepted values are kept
+    with pytest.raises(error) as caught:
+        api.create_schedules(items, tenant="bulk", clock=CLOCK)
+    assert caught.value.field == field  # type: ignore[attr-defined]
+    assert not Schedule.objects.exists()
+
+
 def test_a_bad_item_after_many_chunks_rolls_everything_back(
     tenants: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +242,9 @@ def test_a_bad_item_after_many_chunks_rolls_everything_back(
     assert [s.name for s in Schedule.objects.filter(pk__in=report.schedule_ids)] != []
     got = dict(Schedule.objects.values_list("id", "name"))
     assert [got[i] for i in report.schedule_ids] == [i["name"] for i in items]
+    # The audit entries are in item order too (on PostgreSQL the server builds them).
+    audited = list(AuditEntry.objects.order_by("id").values_list("schedule_id", flat=True))
+    assert audited == report.schedule_ids
 
 
 def test_idempotency_keys_replay_and_conflict_as_in_single_create(tenants: Any) -> None:
