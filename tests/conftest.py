@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.contracts import materializer, publisher, relay  # noqa: F401 (the port fixtures)
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
