@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from celery_scheduler import metrics
 from celery_scheduler.core import ids
@@ -24,6 +25,9 @@ pytestmark = pytest.mark.django_db
 #: Each test runs every materializer (the ``materializer`` fixture, ``tests/contracts.py``);
 #: one whose claim is about the per-schedule transactions says so in its name.
 Materializer = Callable[..., MaterializeReport]
+#: Pins the per-schedule path behind ``django_app.wiring.materialize_due`` (PostgreSQL defaults
+#: to the set-based one), for a test elsewhere whose claim is about its transactions.
+per_schedule_path = override_settings(CELERY_SCHEDULER={"bulk_materialize": False})
 
 
 def make_schedule(tenant: Tenant, **fields: Any) -> Schedule:
