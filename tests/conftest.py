@@ -75,6 +75,7 @@ ONE_DATABASE = (
     "publishers/test_amqp_fast_publisher.py",
     "publishers/test_redis_fast_publisher.py",
     "publishers/test_publisher_without_redis.py",
+    "publishers/test_publisher_contract.py",
     "schedules/test_preview_command.py",
 )
 _DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "client", "admin_client"}

@@ -116,7 +116,10 @@ def _redis_case(kind: str, tag: str, url: str) -> Iterator[PublisherCase]:
         client.delete(key)
         return [json.loads(item)["headers"] for item in reversed(raw)]  # as BRPOP reads
 
-    publisher = RedisFastPublisher(app) if kind == "redis-fast" else CeleryPublisher(app)
+    # A small chunk, so a test batch spans several round trips.
+    publisher = (
+        RedisFastPublisher(app, chunk_size=7) if kind == "redis-fast" else CeleryPublisher(app)
+    )
     yield PublisherCase(
         kind,
         app,
@@ -139,6 +142,10 @@ def _amqp_case(tag: str) -> Iterator[PublisherCase]:
     parts = urlsplit(RABBITMQ_URL)
     require_service("RabbitMQ", parts.hostname or "127.0.0.1", parts.port or 5672)
     app = _celery_app(RABBITMQ_URL, tag)
+    # Declared up front, so reading a queue nothing was sent to finds it empty, not missing.
+    with app.connection_for_write() as conn:
+        for queue in app.amqp.queues.values():
+            queue(conn.default_channel).declare()
 
     def headers(name: str) -> list[dict[str, Any]]:
         got = []
@@ -149,7 +156,7 @@ def _amqp_case(tag: str) -> Iterator[PublisherCase]:
                 got.append(dict(msg.headers or {}))
         return got
 
-    publisher = AmqpFastPublisher(app)
+    publisher = AmqpFastPublisher(app, chunk_size=7)  # several confirm rounds per batch
     yield PublisherCase(
         "amqp-fast",
         app,
