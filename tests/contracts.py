@@ -26,11 +26,13 @@ from urllib.parse import urlsplit
 import pytest
 
 #: Each relay the beat can run (``django_app.wiring`` picks one per database and broker).
-RELAYS = ["lookahead", "burst"]
+#: The ``postgres`` mark skips the set-based implementations elsewhere at collection (with the
+#: suite's usual reason) and lets ``-m postgres`` select them; the fixture says which statements.
+RELAYS = ["lookahead", pytest.param("burst", marks=pytest.mark.postgres)]
 #: Each publisher the relays can be given, with the broker it is checked on.
 PUBLISHERS = ["celery-kombu", "redis-fast", "amqp-fast"]
 #: Each materializer ``django_app.wiring.materialize_due`` can choose.
-MATERIALIZERS = ["per-schedule", "set-based"]
+MATERIALIZERS = ["per-schedule", pytest.param("set-based", marks=pytest.mark.postgres)]
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
