@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.contracts import materializer, publisher, relay  # noqa: F401 (the port fixtures)
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -73,6 +75,7 @@ ONE_DATABASE = (
     "publishers/test_amqp_fast_publisher.py",
     "publishers/test_redis_fast_publisher.py",
     "publishers/test_publisher_without_redis.py",
+    "publishers/test_publisher_contract.py",
     "schedules/test_preview_command.py",
 )
 _DB_FIXTURES = {"db", "transactional_db", "django_db_setup", "client", "admin_client"}

@@ -15,7 +15,8 @@ from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState, ScheduleState
 from django_app import conf
-from django_app.materialize.per_schedule import trigger_for
+from django_app.materialize import per_schedule
+from django_app.materialize.per_schedule import MaterializeReport, trigger_for
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -24,13 +25,15 @@ from django_app.models import (
     ShardLease,
     Tenant,
 )
-from django_app.wiring import materialize_due
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 pytestmark = pytest.mark.django_db
-#: Pins the per-schedule path (PostgreSQL defaults to the set-based one) for tests whose
-#: claim is about its transaction-per-schedule behaviour.
+#: Each test runs every materializer (the ``materializer`` fixture, ``tests/contracts.py``);
+#: one whose claim is about the per-schedule transactions says so in its name.
+Materializer = Callable[..., MaterializeReport]
+#: Pins the per-schedule path behind ``django_app.wiring.materialize_due`` (PostgreSQL defaults
+#: to the set-based one), for a test elsewhere whose claim is about its transactions.
 per_schedule_path = override_settings(CELERY_SCHEDULER={"bulk_materialize": False})
 
 
@@ -68,10 +71,10 @@ def clock() -> FrozenClock:
 
 
 def test_due_schedule_gets_occurrences_outbox_and_cursor(
-    tenant: Tenant, clock: FrozenClock
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
 ) -> None:
     s = make_schedule(tenant, priority=7)
-    report = materialize_due(clock=clock, horizon=2 * MINUTE)
+    report = materializer(clock=clock, horizon=2 * MINUTE)
     assert report.schedules_seen == 1
     assert report.occurrences_created == 3
     assert report.conflicts == report.missed == report.stale_cursor == 0
@@ -95,12 +98,12 @@ def test_due_schedule_gets_occurrences_outbox_and_cursor(
 
 
 def test_second_run_is_a_no_op_and_schedules_outside_horizon_are_not_touched(
-    tenant: Tenant, clock: FrozenClock
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
 ) -> None:
     s = make_schedule(tenant)
     far = make_schedule(tenant, next_run_at=NOW + timedelta(hours=1), cron="0 * * * *")
-    materialize_due(clock=clock, horizon=MINUTE)
-    again = materialize_due(clock=clock, horizon=MINUTE)
+    materializer(clock=clock, horizon=MINUTE)
+    again = materializer(clock=clock, horizon=MINUTE)
     assert again.schedules_seen == 0
     assert Occurrence.objects.filter(schedule=s).count() == 2
     assert not Occurrence.objects.filter(schedule=far).exists()
@@ -108,18 +111,22 @@ def test_second_run_is_a_no_op_and_schedules_outside_horizon_are_not_touched(
     assert far.next_run_at == NOW + timedelta(hours=1)
 
 
-def test_only_active_schedules_and_requested_shards(tenant: Tenant, clock: FrozenClock) -> None:
+def test_only_active_schedules_and_requested_shards(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     paused = make_schedule(tenant, state=ScheduleState.PAUSED.value)
     active = make_schedule(tenant)
     other = [x for x in range(conf.get().shard_count) if x != active.shard]
-    assert materialize_due(clock=clock, shards=other).schedules_seen == 0
-    assert materialize_due(clock=clock, shards=[active.shard]).schedules_seen == 1
+    assert materializer(clock=clock, shards=other).schedules_seen == 0
+    assert materializer(clock=clock, shards=[active.shard]).schedules_seen == 1
     assert not Occurrence.objects.filter(schedule=paused).exists()
 
 
-def test_batches_cover_every_due_schedule(tenant: Tenant, clock: FrozenClock) -> None:
+def test_batches_cover_every_due_schedule(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     many = [make_schedule(tenant, next_run_at=NOW - k * MINUTE) for k in range(7)]
-    report = materialize_due(clock=clock, horizon=timedelta(0), batch_size=2)
+    report = materializer(clock=clock, horizon=timedelta(0), batch_size=2)
     assert report.schedules_seen == 7
     for s in many:
         s.refresh_from_db()
@@ -135,6 +142,7 @@ def test_batches_cover_every_due_schedule(tenant: Tenant, clock: FrozenClock) ->
     ],
 )
 def test_ten_minute_outage_under_each_policy(
+    materializer: Materializer,
     tenant: Tenant,
     clock: FrozenClock,
     policy: MisfirePolicy,
@@ -153,7 +161,7 @@ def test_ten_minute_outage_under_each_policy(
         max_lateness_seconds=60,
         catchup_cap=3,
     )
-    report = materialize_due(clock=clock, horizon=MINUTE)
+    report = materializer(clock=clock, horizon=MINUTE)
     expected = dict.fromkeys(at(*fired), "SCHEDULED") | dict.fromkeys(at(*missed), "MISSED")
     assert states(s) == dict(sorted(expected.items()))
     assert report.occurrences_created == len(fired)
@@ -169,7 +177,7 @@ def test_ten_minute_outage_under_each_policy(
 
 
 def test_catch_up_is_released_at_the_tenant_rate(
-    tenant_factory: Callable[..., Tenant], clock: FrozenClock
+    materializer: Materializer, tenant_factory: Callable[..., Tenant], clock: FrozenClock
 ) -> None:
     slow = tenant_factory("slow", catchup_rate=2)  # two per minute: one every 30 s
     s = make_schedule(
@@ -179,7 +187,7 @@ def test_catch_up_is_released_at_the_tenant_rate(
         max_lateness_seconds=60,
         catchup_cap=3,
     )
-    materialize_due(clock=clock, horizon=timedelta(0))
+    materializer(clock=clock, horizon=timedelta(0))
     avail = dict(Occurrence.objects.filter(schedule=s).values_list("scheduled_for", "available_at"))
     assert [avail[t] for t in at(-4, -3, -2)] == [
         NOW,
@@ -190,30 +198,36 @@ def test_catch_up_is_released_at_the_tenant_rate(
     assert avail[NOW] == NOW
 
 
-def test_flexible_window_jitter_is_deterministic(tenant: Tenant, clock: FrozenClock) -> None:
+def test_flexible_window_jitter_is_deterministic(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     s = make_schedule(tenant, flexible_window_seconds=300)
-    materialize_due(clock=clock, horizon=10 * MINUTE)
+    materializer(clock=clock, horizon=10 * MINUTE)
     for o in Occurrence.objects.filter(schedule=s):
         assert o.available_at == ids.available_at(o.id, o.scheduled_for, 300)
         assert o.scheduled_for <= o.available_at < o.scheduled_for + timedelta(seconds=300)
         assert OutboxEntry.objects.get(occurrence=o).available_at == o.available_at
 
 
-def test_one_off_completes_after_its_occurrence(tenant: Tenant, clock: FrozenClock) -> None:
+def test_one_off_completes_after_its_occurrence(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     s = make_schedule(tenant, kind="ONE_OFF", run_at=NOW + 30 * timedelta(seconds=1))
     s.next_run_at = s.run_at
     s.save()
-    report = materialize_due(clock=clock, horizon=MINUTE)
+    report = materializer(clock=clock, horizon=MINUTE)
     assert report.completed == 1
     s.refresh_from_db()
     assert (s.state, s.next_run_at) == (ScheduleState.COMPLETED, None)
     assert list(states(s)) == [NOW + timedelta(seconds=30)]
 
 
-def test_end_at_completes_and_start_at_is_respected(tenant: Tenant, clock: FrozenClock) -> None:
+def test_end_at_completes_and_start_at_is_respected(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     ending = make_schedule(tenant, end_at=NOW + MINUTE)
     starting = make_schedule(tenant, next_run_at=NOW - 5 * MINUTE, start_at=NOW + MINUTE)
-    materialize_due(clock=clock, horizon=5 * MINUTE)
+    materializer(clock=clock, horizon=5 * MINUTE)
     assert list(states(ending)) == at(0, 1)
     ending.refresh_from_db()
     assert (ending.state, ending.next_run_at) == (ScheduleState.COMPLETED, None)
@@ -221,23 +235,21 @@ def test_end_at_completes_and_start_at_is_respected(tenant: Tenant, clock: Froze
 
 
 def test_interval_schedule_uses_elapsed_time_from_its_anchor(
-    tenant: Tenant, clock: FrozenClock
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
 ) -> None:
     anchor = NOW - timedelta(seconds=10)
     s = make_schedule(tenant, kind="INTERVAL", interval_seconds=45, start_at=anchor)
     assert trigger_for(s).next_after(anchor) == anchor + timedelta(seconds=45)
-    materialize_due(clock=clock, horizon=2 * MINUTE)
+    materializer(clock=clock, horizon=2 * MINUTE)
     # 11:59:50 + 45k: 12:00:35 and 12:01:20 are due; 12:02:05 is past the horizon.
     assert list(states(s)) == [anchor + timedelta(seconds=45 * k) for k in (1, 2)]
 
 
-@per_schedule_path
-def test_stale_version_or_cursor_rolls_back_everything(
+def test_per_schedule_only_a_stale_version_or_cursor_rolls_back_everything(
     tenant: Tenant, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A node that read the schedule before an update must not write anything of the old one."""
     s = make_schedule(tenant)
-    from django_app.materialize import per_schedule
 
     real_plan = per_schedule.plan_pass
 
@@ -248,7 +260,7 @@ def test_stale_version_or_cursor_rolls_back_everything(
         return real_plan(*args, **kwargs)
 
     monkeypatch.setattr(per_schedule, "plan_pass", update_behind_its_back)
-    report = materialize_due(clock=clock, horizon=MINUTE)
+    report = per_schedule.materialize_due(clock=clock, horizon=MINUTE)
     assert report.stale_cursor == 1
     assert report.occurrences_created == 0
     assert not Occurrence.objects.exists()
@@ -257,7 +269,9 @@ def test_stale_version_or_cursor_rolls_back_everything(
     assert (s.version, s.next_run_at) == (2, NOW + 5 * MINUTE)  # not moved back
 
 
-def test_an_existing_occurrence_is_a_counted_conflict(tenant: Tenant, clock: FrozenClock) -> None:
+def test_an_existing_occurrence_is_a_counted_conflict(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     s = make_schedule(tenant)
     occ_id = ids.occurrence_id(s.id, s.version, NOW)
     Occurrence.objects.create(
@@ -269,7 +283,7 @@ def test_an_existing_occurrence_is_a_counted_conflict(tenant: Tenant, clock: Fro
         available_at=NOW,
     )
     m = metrics.reset()
-    report = materialize_due(clock=clock, horizon=MINUTE)
+    report = materializer(clock=clock, horizon=MINUTE)
     assert report.conflicts == 1
     assert m.value("celery_scheduler_uniqueness_conflicts_total") == 1
     assert m.value("celery_scheduler_materialized_total") == 1
@@ -278,24 +292,26 @@ def test_an_existing_occurrence_is_a_counted_conflict(tenant: Tenant, clock: Fro
     assert Occurrence.objects.filter(schedule=s).count() == 2
 
 
-def test_lost_fencing_token_writes_nothing(tenant: Tenant, clock: FrozenClock) -> None:
+def test_lost_fencing_token_writes_nothing(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     s = make_schedule(tenant)
     ShardLease.objects.create(shard=s.shard, owner="new-owner", fencing_token=8)
-    stale = materialize_due(clock=clock, shard_fencing={s.shard: 7})
+    stale = materializer(clock=clock, shard_fencing={s.shard: 7})
     assert (stale.fenced, stale.occurrences_created) == (1, 0)
     assert not Occurrence.objects.exists()
     s.refresh_from_db()
     assert s.next_run_at == NOW
-    current = materialize_due(clock=clock, shard_fencing={s.shard: 8}, horizon=timedelta(0))
+    current = materializer(clock=clock, shard_fencing={s.shard: 8}, horizon=timedelta(0))
     assert (current.fenced, current.occurrences_created) == (0, 1)
 
 
 def test_long_outage_writes_bounded_history(
-    tenant: Tenant, clock: FrozenClock, settings: Any
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock, settings: Any
 ) -> None:
     settings.CELERY_SCHEDULER = {"max_missed_per_pass": 20}
     s = make_schedule(tenant, next_run_at=NOW - timedelta(days=7), misfire_policy="FIRE_ONCE")
-    report = materialize_due(clock=clock, horizon=timedelta(0))
+    report = materializer(clock=clock, horizon=timedelta(0))
     assert report.history_jumped == 1
     assert 15 <= report.missed <= 20
     # The latest late one (11:54) + the six on time (11:55..12:00 within 300 s lateness).
@@ -306,18 +322,20 @@ def test_long_outage_writes_bounded_history(
     assert s.next_run_at == NOW + MINUTE
 
 
-def test_empty_fencing_map_means_no_shards(tenant: Tenant, clock: FrozenClock) -> None:
+def test_empty_fencing_map_means_no_shards(
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
+) -> None:
     make_schedule(tenant)
-    assert materialize_due(clock=clock, shard_fencing={}).schedules_seen == 0
+    assert materializer(clock=clock, shard_fencing={}).schedules_seen == 0
     assert not Occurrence.objects.exists()
 
 
 def test_one_unreadable_schedule_does_not_block_the_others(
-    tenant: Tenant, clock: FrozenClock
+    materializer: Materializer, tenant: Tenant, clock: FrozenClock
 ) -> None:
     broken = make_schedule(tenant, timezone="Mars/Olympus_Mons", next_run_at=NOW - MINUTE)
     fine = make_schedule(tenant)
-    report = materialize_due(clock=clock, horizon=timedelta(0))
+    report = materializer(clock=clock, horizon=timedelta(0))
     assert (report.schedules_seen, report.invalid, report.occurrences_created) == (2, 1, 1)
     assert list(states(fine)) == [NOW]
     broken.refresh_from_db()

@@ -123,16 +123,6 @@ def test_envelope_equals_send_task_field_by_field(
 
 
 @pytest.mark.redis
-def test_batch_keeps_fifo_order_per_queue_across_chunks(app: Celery, client: redis.Redis) -> None:
-    batch = [message(args=(i,)) for i in range(50)] + [message("reports.x") for _ in range(3)]
-    RedisFastPublisher(app, chunk_size=7).publish(batch)
-
-    default_ids = [m["headers"]["id"] for m in pop_all(client, "celery")]
-    assert default_ids == [m.occurrence_id for m in batch[:50]]
-    assert len(pop_all(client, "reports")) == 3
-
-
-@pytest.mark.redis
 def test_routes_the_fast_path_cannot_reproduce_go_through_the_fallback(
     app: Celery, client: redis.Redis
 ) -> None:
