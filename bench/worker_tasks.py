@@ -5,6 +5,8 @@ line (its wall time) to ``$BENCH_LINES`` and returns a dict: the same body for p
 for a scheduled run and for an ``@idempotent_task``. Each worker child counts the SQL
 statements it sends and the connections it opens (Django's ``execute_wrappers`` and
 ``connection_created``) and writes them to ``$BENCH_STATS_DIR/<pid>.json`` when it exits.
+With ``$BENCH_PROFILE_DIR`` set, each child also runs under cProfile from its start and
+dumps ``$BENCH_PROFILE_DIR/<pid>.prof`` at warm shutdown (bench/README.md, round four).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from django.db.backends.signals import connection_created
 from celery_scheduler import idempotent_task
 
 COUNTS: Counter[str] = Counter()
+#: ``BENCH_PROFILE_DIR`` set: each child runs under cProfile and dumps ``<pid>.prof`` at exit.
+_PROFILE: Any = None
 
 
 def _append() -> dict[str, Any]:
@@ -61,6 +65,12 @@ def _install(**kwargs: Any) -> None:
     # The list survives close() and reconnects: every statement of this child is counted.
     connection.execute_wrappers.append(_count)
     connection_created.connect(_opened, weak=False)
+    if os.environ.get("BENCH_PROFILE_DIR"):
+        import cProfile
+
+        global _PROFILE
+        _PROFILE = cProfile.Profile()
+        _PROFILE.enable()
 
 
 @signals.task_postrun.connect
@@ -70,6 +80,9 @@ def _task_done(**kwargs: Any) -> None:
 
 @signals.worker_process_shutdown.connect
 def _write(**kwargs: Any) -> None:
+    if _PROFILE is not None:
+        _PROFILE.disable()
+        _PROFILE.dump_stats(Path(os.environ["BENCH_PROFILE_DIR"], f"{os.getpid()}.prof"))
     out = os.environ.get("BENCH_STATS_DIR")
     if out:
         Path(out, f"{os.getpid()}.json").write_text(json.dumps(COUNTS))
