@@ -19,7 +19,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.conftest import database_family
+
 ROOT = Path(__file__).resolve().parents[2]
+
+#: For a test of the embedded default itself (SQLite, made by the process it starts, whatever
+#: the pass's DATABASE_URL): it gives the same result in every pass, so it runs in one.
+embedded_pass_only = pytest.mark.skipif(
+    database_family() != "sqlite",
+    reason="the embedded default is SQLite: runs once, in the SQLite pass",
+)
 
 
 def database_url() -> str:

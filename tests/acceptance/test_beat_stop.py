@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-STOPS = 10
+STOPS = 6
 #: Seconds from SIGTERM to exit that a clean stop may take.
 STOP_BOUND = 10.0
 

@@ -15,15 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance import support
 from tests.acceptance.support import ROOT
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.timeout(240)]
 
 
-@pytest.mark.skipif(
-    os.environ.get("DATABASE_URL", "").startswith("postgres"),
-    reason="the embedded default is SQLite: runs once, in the SQLite pass",
-)
+@support.embedded_pass_only
 def test_demo_on_the_embedded_default(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CELERY_"))}
     done = subprocess.run(

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance import support
 from tests.acceptance.support import ROOT, stop, tail, wait_until
 
 pytestmark = [
     pytest.mark.acceptance,
     pytest.mark.timeout(180),
-    pytest.mark.skipif(
-        os.environ.get("DATABASE_URL", "").startswith("postgres"),
-        reason="the embedded default is SQLite: runs once, in the SQLite pass",
-    ),
+    support.embedded_pass_only,
 ]
 
 SCRIPT = """

@@ -13,7 +13,11 @@ import pytest
 from celery_scheduler import errors
 from django_app.compat import DJANGO_51
 from django_app.db.checks import sqlite_problems
+from tests.acceptance import support
 from tests.acceptance.support import ROOT
+
+#: The refusal reads settings, not the database the pass runs on.
+pytestmark = [support.embedded_pass_only]
 
 SQLITE = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}
 
