@@ -38,10 +38,7 @@ WARMUP_SECONDS = 10
 class SoakConfig:
     seed: int
     chaos_seconds: float
-    #: The longest quiet period: it ends earlier once the chaos is settled (see
-    #: :func:`quiet_down`), never before ``min_quiet_seconds``.
     quiet_seconds: float
-    min_quiet_seconds: float = 30.0
     schedules: int
     database_url: str
     log_dir: Path
@@ -61,7 +58,6 @@ class SoakResult:
     stops: dict[str, Any]
     driver_errors: list[str] = field(default_factory=list)
     reconcile_exit: int | None = None
-    quiet_seconds: float = 0.0
     report: str = ""
 
 
@@ -116,7 +112,6 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
     )
     driver = Driver(plan, cluster, history, lease=cfg.occurrence_lease)
     stops: dict[str, Any] = {}
-    quiet = 0.0
     try:
         cluster.start_redis()
         driver.setup_tenants()
@@ -128,9 +123,8 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         history.add({"type": "ready", "at": ready})
         log(f"cluster ready; chaos for {cfg.chaos_seconds:.0f}s")
         driver.run(cfg.chaos_seconds)
-        log(f"faults over ({driver.faults}); quiet for up to {cfg.quiet_seconds:.0f}s")
-        quiet = quiet_down(cfg, chaos_over=datetime.now(UTC))
-        log(f"quiet for {quiet:.0f}s")
+        log(f"faults over ({driver.faults}); quiet for {cfg.quiet_seconds:.0f}s")
+        time.sleep(cfg.quiet_seconds)
         snapshot_activity(cfg)
     finally:
         stop_at = datetime.now(UTC)
@@ -168,42 +162,11 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         stops=stops,
         driver_errors=[r["error"] for r in history.records if r["type"] == "driver_error"],
         reconcile_exit=exit_code,
-        quiet_seconds=quiet,
     )
     result.report = render(result, cfg, judge_from, judge_to)
     (cfg.log_dir / "report.txt").write_text(result.report)
     print(result.report, flush=True)
     return result
-
-
-#: Occurrence states from which nothing can happen any more.
-_SETTLED = ("SUCCEEDED", "DEAD", "MISSED", "CANCELED", "SKIPPED_OVERLAP")
-
-
-def quiet_down(cfg: SoakConfig, *, chaos_over: datetime, poll: float = 2.0) -> float:
-    """Let the faults' consequences play out; return the seconds it took.
-
-    The quiet period ends once every occurrence due before the chaos ended has settled
-    (nothing can happen to it any more: a lost message's republishing, a reaped lease's
-    retry and a waiter's turn have all come), after at least ``min_quiet_seconds`` and at
-    most ``quiet_seconds``. Stopping earlier changes nothing the judge sees about those
-    fire times; fire times due in the quiet period are judged as before, up to
-    ``TAIL_SECONDS`` before the stop.
-    """
-    from django_app.models import Occurrence
-
-    started = time.monotonic()
-    time.sleep(cfg.min_quiet_seconds)
-    while time.monotonic() - started < cfg.quiet_seconds:
-        unsettled = (
-            Occurrence.objects.filter(scheduled_for__lte=chaos_over)
-            .exclude(state__in=_SETTLED)
-            .count()
-        )
-        if unsettled == 0:
-            break
-        time.sleep(poll)
-    return time.monotonic() - started
 
 
 def read_attempts(folder: Path) -> list[dict[str, Any]]:
@@ -275,8 +238,7 @@ def render(result: SoakResult, cfg: SoakConfig, judge_from: datetime, judge_to: 
     v = result.verdict
     lines = [
         f"==== chaos soak seed={result.seed} chaos={cfg.chaos_seconds:.0f}s "
-        f"quiet={result.quiet_seconds:.0f}s (at most {cfg.quiet_seconds:.0f}s) "
-        f"judged [{judge_from:%H:%M:%S}, {judge_to:%H:%M:%S}] UTC",
+        f"quiet={cfg.quiet_seconds:.0f}s judged [{judge_from:%H:%M:%S}, {judge_to:%H:%M:%S}] UTC",
         "faults injected: "
         + (", ".join(f"{k}={n}" for k, n in sorted(result.faults.items())) or "none"),
         "lifecycle calls: " + ", ".join(f"{k}={n}" for k, n in sorted(result.calls.items())),
