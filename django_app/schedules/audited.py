@@ -8,6 +8,7 @@ AuditEntry with who and why, whichever entry point made it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from celery_scheduler.core.clock import Clock
@@ -18,7 +19,7 @@ from django_app.schedules.lifecycle import LifecycleResult
 def run(
     action: str,
     *,
-    lifecycle_call: str,
+    lifecycle_call: Callable[..., LifecycleResult],
     schedule_id: uuid.UUID | str,
     actor: str | None,
     reason: str | None,
@@ -27,7 +28,7 @@ def run(
 ) -> LifecycleResult:
     """Run one lifecycle verb, then write who/why to the audit trail."""
     who, why = audit.check(actor, reason)
-    result: LifecycleResult = getattr(lifecycle, lifecycle_call)(schedule_id, clock=clock, **extra)
+    result = lifecycle_call(schedule_id, clock=clock, **extra)
     audit.record(
         action, schedule=schedule_id, actor=who, reason=why, clock=clock,
         detail={"version": result.version},
@@ -46,7 +47,7 @@ def pause_schedule(
     """Pause; without a ``reason`` the note is the audit reason."""
     return run(
         "pause",
-        lifecycle_call="pause_schedule",
+        lifecycle_call=lifecycle.pause_schedule,
         schedule_id=schedule_id,
         actor=actor,
         reason=reason if reason is not None else (note or None),
@@ -64,7 +65,7 @@ def resume_schedule(
 ) -> LifecycleResult:
     return run(
         "resume",
-        lifecycle_call="resume_schedule",
+        lifecycle_call=lifecycle.resume_schedule,
         schedule_id=schedule_id,
         actor=actor,
         reason=reason,
@@ -81,7 +82,7 @@ def cancel_schedule(
 ) -> LifecycleResult:
     return run(
         "cancel",
-        lifecycle_call="cancel_schedule",
+        lifecycle_call=lifecycle.cancel_schedule,
         schedule_id=schedule_id,
         actor=actor,
         reason=reason,
