@@ -64,6 +64,9 @@ class JudgeConfig:
     default_max_lateness: float = 300.0
     #: The deferral interval of the README's waiting bound (django_app.worker.claim.DEFER).
     deferral: float = 1.0
+    #: The run's ``redelivery_timeout_seconds``: a lost message is published again this long
+    #: after its first publish (then twice, four, eight times as long).
+    redelivery: float = 10.0
 
 
 @dataclass
@@ -354,6 +357,7 @@ def judge(
     bounds = waiting.WaitingBound(
         scheds, planned, effects, deferral=cfg.deferral, lag=lags.around,
         faults=waiting.fault_spans(history), lease=cfg.occurrence_lease,
+        redelivery=cfg.redelivery,
     )  # fmt: skip
     classes = {
         sid: classify(s, cfg, end, lags, partial(_bound_seconds, bounds, sid))

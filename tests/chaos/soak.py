@@ -143,7 +143,10 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         history.records,
         effects,
         JudgeConfig(
-            judge_from=judge_from, judge_to=judge_to, occurrence_lease=cfg.occurrence_lease
+            judge_from=judge_from,
+            judge_to=judge_to,
+            occurrence_lease=cfg.occurrence_lease,
+            redelivery=cfg.redelivery,
         ),
         end=stop_at,
         reconcile=report,
@@ -291,6 +294,7 @@ def rejudge(folder: Path) -> Verdict:
             judge_from=ready + timedelta(seconds=WARMUP_SECONDS),
             judge_to=stop - timedelta(seconds=TAIL_SECONDS),
             occurrence_lease=lease,
+            redelivery=float(os.environ.get("CHAOS_REDELIVERY", SoakConfig.redelivery)),
         ),
         end=stop,
         reconcile=report,

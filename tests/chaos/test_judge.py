@@ -195,3 +195,34 @@ def test_a_capped_run_passed_by_later_waiters_breaks_the_waiting_bound() -> None
     v = verdict(history, starved)
     assert kinds(v) == {"slow_wait": 1}
     assert "(0 ahead + 1) x 3.0 s + 1 s" in v.violations[0].what
+
+
+def test_a_capped_run_whose_message_was_lost_gets_the_redelivery_backoff_per_fault() -> None:
+    """Seed 13810352: a capped schedule's first run lost its message to two Redis restarts
+    and a flush; redelivery brought it back 120 s later (10 + 20 + 40 s of backoff plus the
+    backlog), which one lease (6 s) per fault had called a slow wait."""
+    other = str(uuid.UUID(int=8))
+    group = {"concurrency_limit": 1, "concurrency_group": "reports", "duration": 3}
+    history: list[dict[str, Any]] = [
+        create(**group),
+        create(**group, key="s001", schedule_id=other, timing={"interval": 10, "start_at": at(5)}),
+    ]
+    served = every(0, 300, run=3) + [effect(t, sid=other, run=3) for t in range(5, 300, 10)]
+    late = [e for e in served if not (e.schedule_id == other and e.scheduled_for == at(5))]
+    late.append(effect(5, sid=other, delay=58.3, run=1.5))  # in a free gap: no overlap
+
+    def fault(kind: str, start: float) -> dict[str, Any]:
+        return {"type": "fault_end", "kind": kind, "target": "broker", "pid": None,
+                "start": at(start), "end": at(start + 2)}  # fmt: skip
+
+    one_kill = [*history, fault("pg_terminate", 4), fault("beat_kill", 20)]
+    assert kinds(verdict(one_kill, late)) == {"slow_wait": 1}  # leases do not lose messages
+    lost_thrice = [
+        *history, fault("redis_restart", 4), fault("broker_flush", 20),
+        fault("redis_restart", 40),
+    ]  # fmt: skip
+    assert kinds(verdict(lost_thrice, late)) == {}
+    far_too_late = [*late[:-1], effect(5, sid=other, delay=158.3, run=1.5)]
+    v = verdict(lost_thrice, far_too_late)
+    assert kinds(v) == {"slow_wait": 1}
+    assert "+ 90.0 s for faults and delivery lag" in v.violations[0].what

@@ -12,9 +12,16 @@ with a concurrency cap (its group's, or its own):
   ``duration``);
 * the faults are not part of the bound, so each run gets the delivery lag ordinary
   (uncapped) runs showed around it (:class:`tests.chaos.judge.Lags`, whose floor is the
-  judge's ``claim_bound``) plus one occurrence lease per fault during its wait (a killed
-  or stalled holder keeps its slot until its lease expires; a lost message of the head
-  waits for a wake or a redelivery).
+  judge's ``claim_bound``) plus, per fault during its wait, what that fault can cost it:
+  an occurrence lease (a killed or stalled holder keeps its slot until its lease expires),
+  or, for a fault that can lose the waiter's own message (a broker restart or flush, a
+  worker killed or stalled holding it), the redelivery step: the outbox publishes a message
+  no worker received again ``redelivery`` seconds after its first publish, and the wait
+  doubles per publish no worker received, at most :data:`MAX_BACKOFF_DOUBLINGS` times
+  (docs/explanation/contracts.md, "Delivery", item 5), so the j-th such fault in a row
+  costs up to ``redelivery x 2 ** min(j - 1, MAX_BACKOFF_DOUBLINGS)``. Faults are counted
+  over the wait the bound allows, widened until the count settles (a later fault can lose a
+  later copy).
 
 The judge uses it twice: a run that started later than its bound is a ``slow_wait``
 violation, and a capped fire time is MUST only if its bound ends before the judged window.
@@ -32,6 +39,10 @@ from tests.chaos.effects import Effect
 
 #: Never-run times older than this many longest bodies are not counted as waiting ahead.
 RECENT = 10
+#: The redelivery wait doubles per publish no worker received, at most this many times.
+MAX_BACKOFF_DOUBLINGS = 3
+#: Faults that can lose a waiting occurrence's own message (the rest hold a slot or a beat).
+LOSES_MESSAGES = frozenset({"redis_restart", "broker_flush", "worker_kill", "worker_stall"})
 
 
 def cap_key(s: Any) -> str | None:
@@ -88,8 +99,9 @@ class WaitingBound:
         *,
         deferral: float,
         lag: Callable[[datetime], float],
-        faults: list[tuple[datetime, datetime]],
+        faults: list[tuple[datetime, datetime, str]],
         lease: float,
+        redelivery: float,
     ) -> None:
         self.keys = {sid: k for sid, s in scheds.items() if (k := cap_key(s)) is not None}
         self.longest = longest_bodies(scheds)
@@ -97,6 +109,7 @@ class WaitingBound:
         self.lag = lag
         self.faults = faults
         self.lease = lease
+        self.redelivery = redelivery
         started: dict[tuple[str, datetime], datetime] = {}
         for e in effects:
             key = (e.schedule_id, e.scheduled_for)
@@ -124,17 +137,30 @@ class WaitingBound:
             if (start is not None and start > t) or (start is None and t2 >= recent):
                 ahead += 1
         nominal = (ahead + 1) * longest + self.deferral
-        until = t + timedelta(seconds=nominal + self.lag(t))
         since = t - timedelta(seconds=longest)
-        faults = sum(1 for lo, hi in self.faults if lo < until and hi > since)
-        return Bound(
-            ahead=ahead,
-            longest=longest,
-            deferral=self.deferral,
-            tolerance=self.lag(t) + faults * self.lease,
-        )
+        tolerance = self.lag(t)
+        for _ in range(len(self.faults) + 1):  # each pass can only add faults
+            until = t + timedelta(seconds=nominal + tolerance)
+            during = [kind for lo, hi, kind in self.faults if lo < until and hi > since]
+            widened = self.lag(t) + self.fault_allowance(during)
+            if widened == tolerance:
+                break
+            tolerance = widened
+        return Bound(ahead=ahead, longest=longest, deferral=self.deferral, tolerance=tolerance)
+
+    def fault_allowance(self, kinds: list[str]) -> float:
+        """What the faults of ``kinds`` (in order) can add to one run's wait, at most."""
+        total, lost = 0.0, 0
+        for kind in kinds:
+            step = 0.0
+            if kind in LOSES_MESSAGES:
+                step = self.redelivery * 2 ** min(lost, MAX_BACKOFF_DOUBLINGS)
+                lost += 1
+            total += max(self.lease, step)
+        return total
 
 
-def fault_spans(history: list[dict[str, Any]]) -> list[tuple[datetime, datetime]]:
-    """(start, end) of every injected fault."""
-    return [(r["start"], r["end"]) for r in history if r["type"] == "fault_end"]
+def fault_spans(history: list[dict[str, Any]]) -> list[tuple[datetime, datetime, str]]:
+    """(start, end, kind) of every injected fault, in order."""
+    spans = [(r["start"], r["end"], r["kind"]) for r in history if r["type"] == "fault_end"]
+    return sorted(spans)
