@@ -155,8 +155,9 @@ class BurstRelay:
     """The :class:`celery_scheduler.ports.Relay` for PostgreSQL with a Redis or AMQP broker.
 
     :meth:`poll` relays rows already due (the general path) and claims + prepares the next
-    window; :meth:`publish_held` fires every wave whose hold time has come (it blocks until
-    the wave's rows are due and published); :meth:`next_due_at` is the next hold time.
+    window; :meth:`publish_held` fires every wave whose hold time had come when it was called
+    (it blocks until the wave's rows are due and published); :meth:`next_due_at` is the next
+    hold time.
     ``shard_fencing`` (shard -> token) makes each wave check the lease rows of its shards.
     """
 
@@ -220,8 +221,16 @@ class BurstRelay:
         return self.publish_held() + self.poll()
 
     def publish_held(self) -> RelayReport:
+        """Fire the waves whose hold time had come when called, oldest first.
+
+        A wave whose time comes while these are fired waits for the next call, so the beat
+        loop gets a turn between waves (its leases, heartbeat and plan): firing on until no
+        wave was due kept a beat that started with its predecessor's window of waves held
+        from taking any shard until it had fired them all.
+        """
         report = RelayReport()
-        while self._waves and self.clock.now() >= self._hold_at(self._waves[0]):
+        called_at = self.clock.now()
+        while self._waves and called_at >= self._hold_at(self._waves[0]):
             report += self.fire(self._waves.pop(0))
         return report
 

@@ -240,3 +240,36 @@ def test_a_late_wave_warns_only_when_its_row_was_planned_ahead(
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if "after due" in r.getMessage()]
     assert lines, [r.getMessage() for r in caplog.records]
     assert {lvl for lvl, _ in lines} == {level}, lines
+
+
+class SlowBroker(TimedPublisher):
+    """Each publish takes ``seconds`` of the frozen clock (a broker slow to accept)."""
+
+    def __init__(self, clock: FrozenClock, seconds: float) -> None:
+        super().__init__(clock)
+        self.seconds = seconds
+
+    def publish(self, messages: Sequence[Any]) -> None:
+        super().publish(messages)
+        self.clock.advance(self.seconds)
+
+
+def test_publish_held_gives_the_beat_loop_a_turn_between_waves() -> None:
+    """A wave whose time comes while another is being fired waits for the next call: the
+    beat loop gets its turn (leases, heartbeat, plan) between waves. Firing them back to back
+    kept a beat started after another's stop from taking its shards for ~30 s: it first fired
+    every wave its predecessor's window had left (tests/acceptance/test_beat_stop.py)."""
+    clock = FrozenClock(NOW - timedelta(seconds=5))
+    waves = [NOW + timedelta(seconds=s) for s in (0, 2, 4)]
+    seed(clock, [(at, 5) for at in waves])
+    publisher = SlowBroker(clock, seconds=3)
+    relay = BurstRelay(clock=clock, publisher=publisher, node="n1", lookahead=timedelta(30))
+    assert relay.poll().held == 15
+    clock.set(NOW)
+    relay.publish_held()
+    assert len(publisher.sent) == 5  # the first wave only: the next one's time came meanwhile
+    due = relay.next_due_at()
+    assert due is not None
+    assert due <= clock.now()  # so the loop does not sleep before it
+    drive(relay, clock)
+    assert len(publisher.sent) == 15
