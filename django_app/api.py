@@ -585,8 +585,10 @@ def backfill(
     the tenant's backfills still waiting), all at once without a rate. Backfill runs
     even while the schedule is paused (like run now; cancel the schedule to stop it),
     does not count against ``max_runs`` and is not expected by the reconciler.
-    ``HistoryPruned`` (a ``ValidationError`` on ``start``, nothing created) when it would
-    have to run a time inside the span whose history retention deleted.
+    Over pruned history it decides as if the rows were there (retention kept which pruned
+    times ran or were backfilled). ``HistoryPruned`` (a ``ValidationError`` on ``start``,
+    nothing created) only when it would have to run a time inside a span pruned before
+    migration 0024, where that is not known.
 
     Args:
         start, end: Aware datetimes, ``start < end <= now``; at most 10,000 fire times.

@@ -548,13 +548,21 @@ class SkippedSpan(models.Model):
 
 
 class PrunedHistory(models.Model):
-    """What retention took of a schedule's history: every occurrence of the schedule it ever
-    deleted had its ``scheduled_for`` in ``[first, through]``.
+    """What retention took of a schedule's history, as much as backfill needs of it: every
+    occurrence of the schedule it ever deleted had its ``scheduled_for`` in
+    ``[first, through]``; ``ran`` and ``backfilled`` are the ``scheduled_for`` of those that
+    backfill's rule leaves out (:mod:`django_app.schedules.backfill`): ``ran``, a row of a
+    schedule version in a state that ran or may run (SUCCEEDED, DEAD, ...), ``backfilled``,
+    a backfill row (version 0) in any state. Both are sets in the compact text form of
+    :mod:`celery_scheduler.core.timeset`. The deleted rows that are neither (MISSED,
+    CANCELED, SKIPPED_OVERLAP of a version) are not kept: backfill runs those times.
+
+    ``[unknown_from, unknown_through]``: the span pruned before these sets were kept
+    (migration 0024), where backfill cannot tell and refuses (``HistoryPruned``); NULL on
+    an install that never pruned before it.
 
     Written by :func:`django_app.operations.retention.record_pruned` in the transaction that
-    deletes the rows (a prune batch, a dropped partition). Backfill reads it: a fire time in
-    the span whose rows do not show it ran may have run under a row that is gone, so a
-    backfill that would have to run one is refused instead of guessing. Never aged out.
+    deletes the rows (a prune batch, a dropped partition). Never aged out.
     """
 
     # No database foreign key: checking one would take a share lock on the schedule row from
@@ -565,6 +573,10 @@ class PrunedHistory(models.Model):
     )
     first = models.DateTimeField()
     through = models.DateTimeField()
+    ran = models.TextField(blank=True, default="")
+    backfilled = models.TextField(blank=True, default="")
+    unknown_from = models.DateTimeField(null=True, blank=True)
+    unknown_through = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.schedule_id} pruned [{self.first}, {self.through}]"

@@ -39,6 +39,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Subquery
 
+from celery_scheduler.core import timeset
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
 from celery_scheduler.errors import ValidationError
@@ -51,6 +52,7 @@ from django_app.models import (
     PrunedHistory,
     ScheduleCursor,
 )
+from django_app.schedules.backfill import BACKFILL_VERSION, RAN_STATES
 
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
 _SPAN_CHUNK = 5_000  # schedules per PrunedHistory read (a partition holds many)
@@ -268,8 +270,10 @@ def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
     must be ones the retention rules allow (terminal, outbox sent, behind the cursor): this
     function does not check. It does two things:
 
-    - widens each schedule's :class:`PrunedHistory` span ``[first, through]`` to cover the
-      rows' ``scheduled_for`` (backfill refuses to guess inside it);
+    - adds to each schedule's :class:`PrunedHistory` what backfill's rule reads of the rows:
+      their span ``[first, through]``, and the ``scheduled_for`` of those backfill leaves
+      out (``ran``: a version's row in a state that ran; ``backfilled``: a backfill row), so
+      a backfill over the span runs exactly what it would have run with the rows there;
     - copies the final ``state`` and ``finished_at`` of the keyed run-now occurrences among
       them into their :class:`ManualRunKey` rows (run now answers a repeated key from there).
 
@@ -282,9 +286,16 @@ def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
         .values("schedule_id")
         .annotate(lo=Min("scheduled_for"), hi=Max("scheduled_for"))
     }
+    left_out: dict[Any, tuple[list[int], list[int]]] = {sid: ([], []) for sid in spans}
+    kept = occurrences.filter(Q(schedule_version=BACKFILL_VERSION) | Q(state__in=RAN_STATES))
+    for sid, version, at in (
+        kept.order_by().values_list("schedule_id", "schedule_version", "scheduled_for")
+    ).iterator(chunk_size=5000):
+        left_out[sid][version == BACKFILL_VERSION].append(timeset.to_int(at))
     ordered = sorted(spans)
     for i in range(0, len(ordered), _SPAN_CHUNK):
-        _widen_spans({sid: spans[sid] for sid in ordered[i : i + _SPAN_CHUNK]})
+        chunk = ordered[i : i + _SPAN_CHUNK]
+        _widen_spans({sid: spans[sid] for sid in chunk}, {sid: left_out[sid] for sid in chunk})
     gone = occurrences.filter(id=OuterRef("occurrence_id"))
     ManualRunKey.objects.filter(state="").filter(Exists(gone)).update(
         state=Subquery(gone.values("state")[:1]),
@@ -292,10 +303,13 @@ def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
     )
 
 
-def _widen_spans(spans: dict[Any, tuple[datetime, datetime]]) -> None:
+def _widen_spans(
+    spans: dict[Any, tuple[datetime, datetime]],
+    left_out: dict[Any, tuple[list[int], list[int]]],
+) -> None:
     # Insert what is new, then widen under the row locks: a concurrent prune of the same
     # schedule (a batch and a partition drop) waits on the insert or the lock, never loses
-    # its span. Locked in schedule order so two such prunes cannot deadlock.
+    # its span or its times. Locked in schedule order so two such prunes cannot deadlock.
     PrunedHistory.objects.bulk_create(
         [PrunedHistory(schedule_id=sid, first=lo, through=hi) for sid, (lo, hi) in spans.items()],
         ignore_conflicts=True,
@@ -304,8 +318,11 @@ def _widen_spans(spans: dict[Any, tuple[datetime, datetime]]) -> None:
     changed = []
     for row in rows.order_by("schedule_id"):
         lo, hi = spans[row.schedule_id]
-        if lo < row.first or hi > row.through:
+        ran, backfilled = left_out[row.schedule_id]
+        if lo < row.first or hi > row.through or ran or backfilled:
             row.first, row.through = min(row.first, lo), max(row.through, hi)
+            row.ran = timeset.add(row.ran, ran)
+            row.backfilled = timeset.add(row.backfilled, backfilled)
             changed.append(row)
     if changed:
-        PrunedHistory.objects.bulk_update(changed, ["first", "through"])
+        PrunedHistory.objects.bulk_update(changed, ["first", "through", "ran", "backfilled"])

@@ -13,12 +13,16 @@ version that is pending, running, succeeded or dead (``replay_occurrence`` is th
 re-run a dead one). Missed, canceled and skipped times are backfilled.
 
 Pruned history. Retention deletes old occurrences, so "no row that ran" may mean "ran, and
-its row is gone". Retention records per schedule the span of ``scheduled_for`` it deleted
-from (:class:`~django_app.models.PrunedHistory`); a backfill that would run a time inside
-that span is refused whole (``HistoryPruned``, a ValidationError on ``start`` naming the
-span) and runs nothing. Times the rows still show as ran or backfilled are left out as
-always, so a range whose every fire time is accounted for proceeds. The rows are read
-before the span: a prune committing in between makes the answer more cautious, never wrong.
+its row is gone". Before it deletes, retention keeps per schedule what this rule reads of
+the rows (:class:`~django_app.models.PrunedHistory`): the ``scheduled_for`` of the pruned
+rows that ran (``ran``) and of the pruned backfill rows (``backfilled``), in a compact set
+form. Those are left out like the rows they stand for, so a backfill over pruned history
+runs exactly the times it would have run had nothing been pruned. Only the span pruned
+before that record existed (``unknown_from``/``unknown_through``, set by migration 0024)
+cannot be answered: a backfill that would have to run a time inside it is refused whole
+(``HistoryPruned``, a ValidationError on ``start`` naming the span) and runs nothing. The
+rows are read before the record: a prune committing in between has written the record of
+a row before its delete commits, so the time is seen in one or the other.
 
 Pacing. With the tenant's ``catchup_rate`` (per minute), the created occurrences become
 publishable one per ``60 / rate`` seconds in consecutive slots reserved from the tenant's
@@ -43,7 +47,7 @@ from django.db import transaction
 
 from celery_scheduler import errors
 from celery_scheduler.api_types import BackfillReport
-from celery_scheduler.core import ids
+from celery_scheduler.core import ids, timeset
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import OverlapPolicy, ScheduleState
 from celery_scheduler.core.timemath import fire_times
@@ -57,7 +61,10 @@ from django_app.tenancy import budget
 MAX_FIRE_TIMES = 10_000
 #: The schedule_version of backfilled occurrences (a key space of their own).
 BACKFILL_VERSION = 0
-_RAN = [s.value for s in (S.SCHEDULED, S.ENQUEUED, S.RUNNING, S.RETRY_WAIT, S.SUCCEEDED, S.DEAD)]
+#: States of a version's row that count as ran (a backfill leaves its time out).
+RAN_STATES = [
+    s.value for s in (S.SCHEDULED, S.ENQUEUED, S.RUNNING, S.RETRY_WAIT, S.SUCCEEDED, S.DEAD)
+]
 
 
 def backfill(
@@ -102,9 +109,14 @@ def backfill(
             ).values_list("schedule_version", "scheduled_for", "state")
         )
         already_backfilled = {t for v, t, _ in done if v == BACKFILL_VERSION}
-        already_ran = {t for v, t, state in done if v != BACKFILL_VERSION and state in _RAN}
+        already_ran = {t for v, t, state in done if v != BACKFILL_VERSION and state in RAN_STATES}
+        pruned = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
+        if pruned is not None:  # read after the rows: see the module doc
+            ran, backfilled = _pruned_left_out(pruned, times)
+            already_ran |= ran
+            already_backfilled |= backfilled
         wanted = [t for t in times if t not in already_backfilled and t not in already_ran]
-        _refuse_pruned(schedule, wanted)
+        _refuse_unknown(pruned, wanted)
         slots = _release_slots(schedule, len(wanted), now)
         rows = [_row(schedule, t, at, policy, now) for t, at in zip(wanted, slots, strict=True)]
         created = insert_ignore(Occurrence, rows)
@@ -131,19 +143,32 @@ def backfill(
         )
 
 
-def _refuse_pruned(schedule: Schedule, wanted: list[datetime]) -> None:
-    """Refuse when a time to run lies where retention deleted rows that could say it ran."""
-    span = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
-    if span is None:
+def _pruned_left_out(
+    pruned: PrunedHistory, times: list[datetime]
+) -> tuple[set[datetime], set[datetime]]:
+    """Of ``times``, those whose pruned rows backfill would leave out: (ran, backfilled)."""
+    inside = {timeset.to_int(t): t for t in times if pruned.first <= t <= pruned.through}
+    if not inside:
+        return set(), set()
+    ran = timeset.members(pruned.ran, inside)
+    backfilled = timeset.members(pruned.backfilled, inside)
+    return {inside[v] for v in ran}, {inside[v] for v in backfilled}
+
+
+def _refuse_unknown(pruned: PrunedHistory | None, wanted: list[datetime]) -> None:
+    """Refuse when a time to run lies where retention deleted rows before it kept what
+    backfill needs of them (an install pruned before migration 0024)."""
+    if pruned is None or pruned.unknown_from is None or pruned.unknown_through is None:
         return
-    unknown = [t for t in wanted if span.first <= t <= span.through]
+    lo, hi = pruned.unknown_from, pruned.unknown_through
+    unknown = [t for t in wanted if lo <= t <= hi]
     if unknown:
         raise errors.HistoryPruned(
             f"retention deleted this schedule's runs scheduled between "
-            f"{span.first.isoformat()} and {span.through.isoformat()}, so backfill cannot tell "
-            f"whether {len(unknown)} fire times of the range in that span ran (the first: "
-            f"{unknown[0].isoformat()}); nothing was backfilled. Start after "
-            f"{span.through.isoformat()}, or run a time again on purpose with run_now"
+            f"{lo.isoformat()} and {hi.isoformat()} before it kept which of them ran, so "
+            f"backfill cannot tell whether {len(unknown)} fire times of the range in that "
+            f"span ran (the first: {unknown[0].isoformat()}); nothing was backfilled. Start "
+            f"after {hi.isoformat()}, or run a time again on purpose with run_now"
         )
 
 

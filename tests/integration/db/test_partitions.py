@@ -17,11 +17,19 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from celery_scheduler.core import timeset
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.ids import occurrence_id
 from django_app.db import partitions
-from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule, ScheduleCursor
+from django_app.models import (
+    Attempt,
+    Occurrence,
+    OutboxEntry,
+    PrunedHistory,
+    Schedule,
+    ScheduleCursor,
+)
 from django_app.operations.retention import record_pruned
 from django_app.wiring import DjangoBackend
 from tests.integration.worker_support import make_schedule
@@ -188,6 +196,20 @@ def test_a_slot_of_finished_rows_is_dropped_whole(tenant: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_a_dropped_slot_keeps_for_backfill_the_times_that_ran_and_not_the_missed(
+    tenant: Any,
+) -> None:
+    _, done, _ = old_slot(tenant)
+    missed = add(done[0].schedule, OLD + timedelta(minutes=30), S.MISSED)
+    report = partitions.drop_old(LATER, 7 * DAY, on_prune=record_pruned, wait=True)
+    assert len(report.dropped) == 1
+    pruned = PrunedHistory.objects.get(schedule_id=missed.schedule_id)
+    assert (pruned.first, pruned.through) == (OLD, missed.scheduled_for)
+    assert timeset.decode(pruned.ran) == [timeset.to_int(o.scheduled_for) for o in done]
+    assert (pruned.backfilled, pruned.unknown_from) == ("", None)
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("state", [S.RUNNING, S.SCHEDULED, S.RETRY_WAIT, S.DEAD])
 def test_retention_never_drops_unfinished_or_dead_rows_unless_asked(tenant: Any, state: S) -> None:
     occ = partitions.tables()[0]
@@ -271,6 +293,7 @@ import json, sys, time
 from datetime import datetime, timedelta
 import django
 django.setup()
+from celery_scheduler.core import timeset
 from celery_scheduler.core.clock import FrozenClock
 START = datetime.fromisoformat(sys.argv[1])
 END = datetime.fromisoformat(sys.argv[2])

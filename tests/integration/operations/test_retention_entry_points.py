@@ -18,7 +18,7 @@ from django.apps import apps as django_apps
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
-from celery_scheduler import api, errors
+from celery_scheduler import api
 from django_app.models import ManualRunKey, Occurrence, OutboxEntry, PrunedHistory
 from django_app.operations import retention
 from tests.integration.admin.test_admin_guards import _hidden, messages_of
@@ -49,13 +49,13 @@ def test_http_run_now_key_and_backfill_after_pruning(acme: HttpClient) -> None:
     _finish_and_prune([first["id"], *backfilled])
 
     again = acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": "deploy-7"})
-    refused = acme.post(f"schedules/{sid}/backfill/", body)
+    backfill_again = acme.post(f"schedules/{sid}/backfill/", body)
 
     assert again.status in (200, 201)
     assert (again.body["id"], again.body["state"]) == (first["id"], "SUCCEEDED")
-    assert refused.status == 400, refused.body
-    assert refused.body["field"] == "start"
-    assert "retention deleted" in refused.body["detail"]
+    assert backfill_again.status in (200, 201), backfill_again.body
+    report = backfill_again.body
+    assert (report["created"], report["already_backfilled"]) == ([], len(backfilled))
     assert not Occurrence.objects.filter(schedule_id=sid).exists()  # nothing ran again
 
 
@@ -77,13 +77,20 @@ def test_admin_run_now_submitted_again_after_pruning_runs_nothing(
 
 
 @pytest.mark.django_db
-def test_cli_backfill_over_pruned_history_is_refused_naming_start() -> None:
+def test_cli_backfill_over_history_pruned_before_0024_is_refused_naming_start() -> None:
+    """The one span backfill cannot answer: what was pruned before retention kept the
+    times (migration 0024 marks it unknown), refused as HistoryPruned, exit 2."""
     now = datetime.now(UTC)
     s = api.create_schedule(name="report", task="billing.ping", cron="0 * * * *")
     start, end = now - timedelta(hours=6), now - timedelta(hours=2)
     report = api.backfill(s.id, start=start, end=end)
     _finish_and_prune(report.created)
-    assert PrunedHistory.objects.filter(schedule_id=s.id).exists()
+    # As an install that pruned before 0024: the span without its times, marked unknown.
+    PrunedHistory.objects.filter(schedule_id=s.id).update(ran="", backfilled="")
+    importlib.import_module("django_app.migrations.0024_pruned_history_times").unknown_spans(
+        django_apps, None
+    )
+    assert PrunedHistory.objects.filter(schedule_id=s.id, unknown_from__isnull=False).exists()
 
     args = ["schedules", "backfill", str(s.id), "--start", start.isoformat()]
     with pytest.raises(CommandError, match=r"^--start: retention deleted") as refused:
@@ -94,17 +101,26 @@ def test_cli_backfill_over_pruned_history_is_refused_naming_start() -> None:
 
 
 @pytest.mark.django_db
-def test_a_partition_drop_that_calls_record_pruned_keeps_keys_and_refuses_backfill() -> None:
+def test_a_partition_drop_that_calls_record_pruned_keeps_keys_and_backfills_exactly() -> None:
     """The partition path: record_pruned over a range of scheduled_for, then the rows go
-    (here a plain delete stands in for detaching the partition)."""
+    (here a plain delete stands in for detaching the partition). A backfill over the range
+    afterwards runs exactly what it would have run with the rows there: nothing that ran,
+    the time whose row was MISSED."""
     now = datetime.now(UTC)
     s = api.create_schedule(name="report", task="billing.ping", cron="0 * * * *")
-    start, end = now - timedelta(hours=6), now - timedelta(hours=2)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    start, end = hour - timedelta(hours=6), hour - timedelta(hours=2)
     created = api.backfill(s.id, start=start, end=end).created
     keyed = api.run_now(s.id, idempotency_key="k")
     ids = [*created, keyed.id]
     Occurrence.objects.filter(id__in=ids).update(state="SUCCEEDED", finished_at=now)
-    lo, hi = start - timedelta(hours=1), now + timedelta(hours=1)  # the "partition"
+    # A fire time the schedule's own version missed, before the backfilled range.
+    missed_at = start - timedelta(hours=1)
+    Occurrence.objects.create(
+        id=uuid.uuid4(), schedule_id=s.id, tenant_id=s.tenant_id, schedule_version=1,
+        scheduled_for=missed_at, available_at=missed_at, state="MISSED", finished_at=now,
+    )  # fmt: skip
+    lo, hi = missed_at - timedelta(hours=1), now + timedelta(hours=1)  # the "partition"
     times = sorted(
         Occurrence.objects.filter(schedule_id=s.id).values_list("scheduled_for", flat=True)
     )
@@ -120,9 +136,12 @@ def test_a_partition_drop_that_calls_record_pruned_keeps_keys_and_refuses_backfi
     assert (span.first, span.through) == (times[0], times[-1])
     again = api.run_now(s.id, idempotency_key="k")
     assert (again.id, again.state, again._state.adding) == (keyed.id, "SUCCEEDED", True)
-    with pytest.raises(errors.HistoryPruned):
-        api.backfill(s.id, start=start, end=end)
-    assert not Occurrence.objects.filter(schedule_id=s.id).exists()
+    report = api.backfill(s.id, start=missed_at, end=end)
+    assert (report.already_backfilled, report.already_ran) == (len(created), 0)
+    assert len(report.created) == 1
+    assert list(
+        Occurrence.objects.filter(schedule_id=s.id).values_list("scheduled_for", "manual")
+    ) == [(missed_at, True)]
 
 
 @pytest.mark.django_db

@@ -3,7 +3,7 @@
 The reproduction of issue 25 (a skip made more than the retention age ahead was pruned and
 the skipped time ran), then a property test: random schedules, skips, pauses, updates and
 run-now calls, driven day by day with and without a daily prune at a random age, must run
-exactly the same fire times.
+exactly the same fire times, backfills over pruned history included.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.models import Occurrence
+from django_app.models import Occurrence, PrunedHistory
 from django_app.operations import retention
 from django_app.relay.batch import relay_due
 from django_app.wiring import materialize_due
@@ -115,12 +115,15 @@ def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
     clock = FrozenClock(START)
     s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
     refused: list[errors.ValidationError] = []
+    reports = []
 
     def on_day(day: int) -> None:
         if day in (1, 8):  # the same range twice; its runs are pruned in between
             clock.set(START + day * DAY + timedelta(hours=8))
             try:
-                api.backfill(s.id, start=START - 3 * DAY, end=START + DAY, clock=clock)
+                reports.append(
+                    api.backfill(s.id, start=START - 3 * DAY, end=START + DAY, clock=clock)
+                )
             except errors.ValidationError as exc:
                 refused.append(exc)
 
@@ -130,8 +133,34 @@ def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
     assert backfilled == [START - n * DAY + timedelta(hours=9) for n in (3, 2, 1)], (
         f"a backfill over pruned history ran times again: {backfilled}"
     )
-    # The second backfill is refused whole, naming the span retention deleted from.
-    assert [(e.field, "retention deleted" in str(e)) for e in refused] == [("start", True)]
+    # The second backfill is not refused: retention kept which times were backfilled.
+    assert refused == []
+    assert [(r.created, r.already_backfilled) for r in reports[1:]] == [([], 3)]
+
+
+def test_a_backfill_over_pruned_history_runs_the_times_that_were_missed() -> None:
+    """A time that was MISSED (here: the schedule was paused over it) and whose rows
+    retention deleted runs when backfilled, as it would with the rows there; the times
+    that ran do not run again."""
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    reports = []
+
+    def on_day(day: int) -> None:
+        clock.set(START + day * DAY + timedelta(hours=8))
+        if day == 2:
+            api.pause_schedule(s.id, clock=clock)
+        if day == 4:
+            api.resume_schedule(s.id, clock=clock)
+        if day == 9:  # days 0-8 are pruned by now (age 2 days)
+            reports.append(api.backfill(s.id, start=START, end=START + 6 * DAY, clock=clock))
+
+    ran = drive(clock, 10, prune_days=2, on_day=on_day)
+
+    assert PrunedHistory.objects.get(schedule_id=s.id).through >= START + 5 * DAY
+    backfilled = sorted(at for _, at, is_manual in ran.elements() if is_manual)
+    assert backfilled == [START + n * DAY + timedelta(hours=9) for n in (2, 3)]
+    assert sorted(ran.values()) == [1] * 10
 
 
 # --- the property: the same operations with and without retention run the same times ---
@@ -170,7 +199,7 @@ ops_strategy = st.lists(
 
 
 def _apply(op: Op, schedules: list[Any], clock: FrozenClock) -> bool:
-    """Apply ``op``; False when a backfill was refused for pruned history."""
+    """Apply ``op``; False when a backfill was refused for pruned history (it never is)."""
     sid = schedules[op.schedule % len(schedules)].id
     try:
         with transaction.atomic():  # a refused op rolls back alone
@@ -253,11 +282,10 @@ EXAMPLES = 10 if database_family() == "postgresql" else 4
 def test_retention_at_any_age_runs_the_same_fire_times(
     crons: list[str], ops: list[Op], prune_days: int
 ) -> None:
-    """With retention, every operation does what it does without, or (a backfill reaching
-    into pruned history) is refused and does nothing: the same fire times run, each as
-    often, as in a world without retention and without the refused backfills."""
+    """With retention, every operation does what it does without, backfills over pruned
+    history included (none is refused): the same fire times run, each as often, as in the
+    same world without retention."""
     with_retention, refused = _run_world(crons, ops, prune_days)
-    kept = [op for index, op in enumerate(ops) if index not in refused]
-    without, refused_without = _run_world(crons, kept, None)
-    assert refused_without == []
+    without, refused_without = _run_world(crons, ops, None)
+    assert (refused, refused_without) == ([], [])
     assert with_retention == without
