@@ -20,8 +20,8 @@ import logging
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from http.server import ThreadingHTTPServer
-from typing import Any
 
+from celery import Celery
 from django.db import DatabaseError, connection
 
 from celery_scheduler.core.clock import Clock
@@ -116,7 +116,7 @@ class DjangoBackend:
     def new_relay(
         self,
         *,
-        app: Any,
+        app: Celery,
         clock: Clock,
         publisher: Publisher | None,
         node: str,
@@ -158,14 +158,11 @@ class DjangoBackend:
     def stamp_progress(self, node: str, now: datetime) -> None:
         BeatNode.objects.filter(name=node).update(progress_at=now)
 
-    def sync_beat_schedule(self, app: Any, clock: Clock) -> beat_schedule.SyncReport:
+    def sync_beat_schedule(self, app: Celery, clock: Clock) -> beat_schedule.SyncReport:
         return beat_schedule.sync_app(app, clock=clock)
 
     def reap_expired(self, clock: Clock, limit: int) -> int:
         return finish.reap_expired(clock=clock, limit=limit)
-
-    def redelivery_timeout(self) -> timedelta | None:
-        return redelivery.configured_timeout()
 
     def redeliver_lost(self, clock: Clock, limit: int, timeout: timedelta) -> int:
         return redelivery.redeliver_lost(clock=clock, limit=limit, timeout=timeout)
