@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import Clock
@@ -163,9 +163,12 @@ class IdempotencyStore(Protocol):
         *,
         task_name: str,
         occurrence_id: str | None,
-        body: Callable[[], Any],
+        body: Callable[[], object],
         tenant_id: int | None = None,
-    ) -> Any: ...
+    ) -> object:
+        """``body``'s result, or the result stored by the run that first used the key (as
+        it reads back from JSON: a caller expecting a type checks or trusts it)."""
+        ...
 
 
 class BeatSchedule(Protocol):

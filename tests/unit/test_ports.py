@@ -14,6 +14,7 @@ PROTOCOLS = [
     ports.Materializer,
     ports.ShardLeases,
     ports.Stoppable,
+    ports.IdempotencyStore,
     ports.BeatSettings,
     ports.Backend,
 ]
@@ -33,13 +34,14 @@ def test_every_member_has_a_contract_docstring(protocol: type) -> None:
     assert not missing, f"{protocol.__name__}: members without a docstring: {missing}"
 
 
-def test_backend_signatures_name_no_any() -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_no_signature_names_any(protocol: type) -> None:
     loose = []
-    for name, member in _members(ports.Backend).items():
+    for name, member in _members(protocol).items():
         function = member.fget if isinstance(member, property) else member
         annotations = getattr(function, "__annotations__", {})
         loose += [f"{name}: {key}" for key, value in annotations.items() if "Any" in str(value)]
-    assert not loose, f"Backend members typed Any: {loose}"
+    assert not loose, f"{protocol.__name__} members typed Any: {loose}"
 
 
 def test_the_django_settings_value_has_every_beat_setting() -> None:
