@@ -323,10 +323,11 @@ class DatabaseScheduler(beat.Scheduler):
         relay.publish_held()
         if self.clock.monotonic() >= self._next_poll:
             self._next_poll = self.clock.monotonic() + self.poll_interval
+            cfg = self.backend.settings()  # once per step, passed down
             self._relay_poll(relay)
-            self._materialize(relay)
-            self._reap_expired_leases()
-            self._redeliver_lost()
+            self._materialize(relay, cfg)
+            self._reap_expired_leases(cfg)
+            self._redeliver_lost(cfg)
             self._relay_poll(relay)
             self._export_backlog()
             self._maintain_partitions()
@@ -348,28 +349,29 @@ class DatabaseScheduler(beat.Scheduler):
         if done:
             logger.info("beat %s: partitions created/dropped: %s", self.node, ", ".join(done))
 
-    def _reap_expired_leases(self) -> None:
+    def _reap_expired_leases(self, cfg: ports.BeatSettings) -> None:
         """Occurrences whose worker lease expired go back through the outbox (same id).
 
         Every beat may do this: the reaper's updates are conditional on the expired lease,
         so two beats reaping at once cannot both re-queue one occurrence.
         """
-        reaped = self.backend.reap_expired(self.clock, self.backend.settings().batch_size)
+        reaped = self.backend.reap_expired(self.clock, cfg.batch_size)
         if reaped:
             logger.info("beat %s: re-queued %d expired occurrence lease(s)", self.node, reaped)
 
-    def _redeliver_lost(self) -> None:
+    def _redeliver_lost(self, cfg: ports.BeatSettings) -> None:
         """Occurrences whose message the broker lost go back through the outbox (same id).
 
         Every beat may do this too: each re-open is conditional on the ``sent_at`` it read,
         so two beats cannot both re-publish one occurrence (django_app.relay.redelivery).
         """
-        timeout = self.backend.redelivery_timeout()
-        if timeout is None or self.clock.monotonic() < self._next_redelivery:
-            return
-        share = timeout.total_seconds() * REDELIVERY_PASS_SHARE
+        seconds = cfg.redelivery_timeout_seconds
+        if seconds <= 0 or self.clock.monotonic() < self._next_redelivery:
+            return  # 0: redelivery is off
+        timeout = timedelta(seconds=seconds)
+        share = seconds * REDELIVERY_PASS_SHARE
         self._next_redelivery = self.clock.monotonic() + min(max(share, self.poll_interval), 30.0)
-        limit = self.backend.settings().batch_size
+        limit = cfg.batch_size
         redelivered = self.backend.redeliver_lost(self.clock, limit, timeout)
         if redelivered >= limit:  # a mass loss (a flushed queue): go on at the next poll
             self._next_redelivery = 0.0
@@ -381,7 +383,7 @@ class DatabaseScheduler(beat.Scheduler):
         relay.publish_held()  # rows claimed just now may be due already
         self._last_relay_poll = self.clock.monotonic()
 
-    def _materialize(self, relay: Relay) -> None:
+    def _materialize(self, relay: Relay, cfg: ports.BeatSettings) -> None:
         """Materialize shard by shard, starting at a random shard, relaying in between.
 
         Beats that start together then work on different shards instead of queueing on the
@@ -392,7 +394,7 @@ class DatabaseScheduler(beat.Scheduler):
         fencing = self._shard_leases()
         if fencing is not None and not fencing:
             return  # holds no shard (yet): materializing is another node's job meanwhile
-        horizon = self._plan_horizon(None if fencing is None else list(fencing))
+        horizon = self._plan_horizon(cfg, None if fencing is None else list(fencing))
         until = self.clock.now() + horizon
         due = materializer.due_shards(until)
         if fencing is not None:
@@ -425,13 +427,12 @@ class DatabaseScheduler(beat.Scheduler):
             logger.info("beat %s: materialized %d row(s) in %.1fs (%.0f rows/s)", self.node,
                         rows, spent, rows / spent if spent else 0.0)  # fmt: skip
 
-    def _plan_horizon(self, shards: list[int] | None) -> timedelta:
+    def _plan_horizon(self, cfg: ports.BeatSettings, shards: list[int] | None) -> timedelta:
         """How far ahead to materialize: ``horizon_seconds`` for a light load, up to
         ``max_horizon_seconds`` when the schedules due before that bound would take this node
         long to materialize at its measured rate (:mod:`celery_scheduler.core.lead`): the
         top of the hour is planned minutes ahead, an everyday load keeps few future rows.
         Re-read every few seconds (a capped index count over the node's shards)."""
-        cfg = self.backend.settings()
         floor = float(cfg.horizon_seconds)
         ceiling = max(floor, float(cfg.max_horizon_seconds))
         bounds = (floor, ceiling)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import Clock
@@ -24,6 +24,8 @@ from celery_scheduler.core.reports import MaterializeReport, RelayReport
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
+
+    from celery import Celery
 
     from celery_scheduler.publishers import Publisher
 
@@ -114,7 +116,9 @@ class ShardLeases(Protocol):
     """
 
     @property
-    def shard_count(self) -> int: ...
+    def shard_count(self) -> int:
+        """The number of logical shards the leases are taken over (fixed for the object)."""
+        ...
 
     @property
     def held(self) -> dict[int, int]:
@@ -122,7 +126,9 @@ class ShardLeases(Protocol):
         ...
 
     @property
-    def refresh_interval(self) -> float: ...
+    def refresh_interval(self) -> float:
+        """Seconds between two refreshes that keep the leases from lapsing."""
+        ...
 
     def refresh(self) -> dict[int, int]:
         """Renew and rebalance; returns what this node holds now."""
@@ -134,7 +140,11 @@ class ShardLeases(Protocol):
 
 
 class Stoppable(Protocol):
-    def stop(self, timeout: float = 5.0) -> None: ...
+    """A helper thread the caller owns (the lease keeper)."""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to end and wait for it at most ``timeout`` seconds."""
+        ...
 
 
 class IdempotencyStore(Protocol):
@@ -153,9 +163,12 @@ class IdempotencyStore(Protocol):
         *,
         task_name: str,
         occurrence_id: str | None,
-        body: Callable[[], Any],
+        body: Callable[[], object],
         tenant_id: int | None = None,
-    ) -> Any: ...
+    ) -> object:
+        """``body``'s result, or the result stored by the run that first used the key (as
+        it reads back from JSON: a caller expecting a type checks or trusts it)."""
+        ...
 
 
 class BeatSchedule(Protocol):
@@ -167,67 +180,135 @@ class BeatSchedule(Protocol):
     failed: dict[str, str]
 
 
+class BeatSettings(Protocol):
+    """The settings the beat loop reads, as one frozen value (``django_app.conf``'s
+    ``SchedulerSettings`` is one): read once per beat step and passed down, never cached
+    across steps, so a changed ``CELERY_SCHEDULER`` takes effect at the next step."""
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per materializer/relay batch: the limit of one reap or redelivery pass."""
+        ...
+
+    @property
+    def horizon_seconds(self) -> int:
+        """How far ahead beat materializes under a light load (the horizon's floor)."""
+        ...
+
+    @property
+    def max_horizon_seconds(self) -> int:
+        """How far ahead beat may materialize when much is due (the horizon's ceiling)."""
+        ...
+
+    @property
+    def redelivery_timeout_seconds(self) -> int:
+        """An ENQUEUED occurrence never claimed this long after its publish is published
+        again; 0 turns redelivery off."""
+        ...
+
+
 class Backend(Protocol):
-    """Everything the Celery side asks of its storage: built by the composition root."""
+    """Everything the Celery side asks of its storage: built by the composition root.
+
+    Every member may be called from the beat loop's thread only (``new_shard_leases`` may
+    start a thread of its own); a database error propagates unless a member says otherwise,
+    and beat then backs off and retries the whole step. Nothing here caches settings: the
+    values a member needs are passed in or read through :meth:`settings` by the caller.
+    """
 
     @property
-    def idempotency(self) -> IdempotencyStore: ...
+    def idempotency(self) -> IdempotencyStore:
+        """The store behind ``@idempotent_task`` (contract: :class:`IdempotencyStore`)."""
+        ...
 
     @property
-    def materializer(self) -> Materializer: ...
+    def materializer(self) -> Materializer:
+        """The materializer this database gets (contract: :class:`Materializer`); the same
+        object for the backend's life."""
+        ...
 
-    def settings(self) -> Any:
-        """The frozen ``CELERY_SCHEDULER`` settings object (``django_app.conf``)."""
+    def settings(self) -> BeatSettings:
+        """The current ``CELERY_SCHEDULER`` settings, read anew on each call (a frozen
+        value: callers may keep it for the rest of one step, and pass it down)."""
         ...
 
     def require_safe_database(self) -> None:
-        """Raise :class:`errors.UnsafeDatabase` for a database the scheduler must not use."""
+        """Raise :class:`errors.UnsafeDatabase` for a database the scheduler must not use;
+        return None (no side effect) for one it may."""
         ...
 
-    def start_metrics_server(self, node: str) -> ThreadingHTTPServer | None: ...
+    def start_metrics_server(self, node: str) -> ThreadingHTTPServer | None:
+        """Start serving /metrics, /healthz, /readyz and /status for beat ``node`` in a
+        daemon thread when a metrics port is configured; returns the server (the caller
+        shuts it down at stop) or None when none is configured."""
+        ...
 
     def new_relay(
         self,
         *,
-        app: Any,
+        app: Celery,
         clock: Clock,
         publisher: Publisher | None,
         node: str,
         lookahead: timedelta,
     ) -> Relay:
-        """The relay for this database and broker (the burst relay where it applies)."""
+        """A new relay for this database and broker (the burst relay where it applies),
+        publishing through ``publisher`` (None: the app's default publisher); it holds
+        nothing until its first poll. Contract of the result: :class:`Relay`."""
         ...
 
     def new_shard_leases(
         self, node: str, clock: Clock, *, keeper: bool
     ) -> tuple[ShardLeases, Stoppable | None]:
-        """This node's leases, and (``keeper``) a thread renewing them while a step runs
-        long; refuses (ShardCountMismatch) when rows are stored beyond the shard count."""
+        """This node's leases (holding none yet), and (``keeper``) a started thread
+        renewing them while a step runs long, which the caller stops; raises
+        :class:`errors.ShardCountMismatch` when rows are stored beyond the shard count."""
         ...
 
-    def check_shard_count(self, shard_count: int) -> None: ...
+    def check_shard_count(self, shard_count: int) -> None:
+        """Raise :class:`errors.ShardCountMismatch` when a schedule or an unsent outbox row
+        is stored in a shard at or beyond ``shard_count`` (the setting was lowered without
+        a reshard); return None otherwise. Read only."""
+        ...
 
-    def count_owned_shards(self, shard_count: int, now: datetime) -> int: ...
+    def count_owned_shards(self, shard_count: int, now: datetime) -> int:
+        """How many of the shards below ``shard_count`` some node holds a lease on that has
+        not expired at ``now`` (read only; a snapshot, another node may change it)."""
+        ...
 
-    def stamp_progress(self, node: str, now: datetime) -> None: ...
+    def stamp_progress(self, node: str, now: datetime) -> None:
+        """Record that beat ``node``'s loop finished a step at ``now`` (what the liveness
+        probe reads); one small write, committed on return."""
+        ...
 
-    def sync_beat_schedule(self, app: Any, clock: Clock) -> BeatSchedule: ...
+    def sync_beat_schedule(self, app: Celery, clock: Clock) -> BeatSchedule:
+        """Create or update one schedule per entry of the app's static ``beat_schedule``
+        (idempotent: unchanged entries are left alone, so many beats may run it); an entry
+        that fails validation is reported in ``failed``, not raised."""
+        ...
 
     def reap_expired(self, clock: Clock, limit: int) -> int:
-        """RUNNING occurrences whose lease expired go back through the outbox."""
+        """Up to ``limit`` RUNNING occurrences whose worker lease has expired go back
+        through the outbox under the same id; returns how many. Each re-queue is
+        conditional on the expired lease, so concurrent reapers never double one."""
         ...
-
-    def redelivery_timeout(self) -> timedelta | None: ...
 
     def redeliver_lost(self, clock: Clock, limit: int, timeout: timedelta) -> int:
-        """ENQUEUED occurrences never claimed within ``timeout`` are published again."""
+        """Up to ``limit`` ENQUEUED occurrences never claimed within ``timeout`` (doubled
+        per earlier publish) after their publish are published again under the same id;
+        returns how many. Each re-open is conditional on the row as read, so concurrent
+        passes never double one."""
         ...
 
-    def export_outbox_backlog(self, now: datetime) -> int: ...
+    def export_outbox_backlog(self, now: datetime) -> int:
+        """Set the ``outbox_backlog`` gauge from the unsent outbox rows due by ``now``;
+        returns that count (read only in the database)."""
+        ...
 
     def maintain_partitions(self, now: datetime) -> list[str]:
         """Create the history partitions ahead and drop expired ones where the database
-        is partitioned (a no-op elsewhere); many beats may call it at once."""
+        is partitioned (a no-op elsewhere); many beats may call it at once. Returns the
+        names created or dropped; a lock not granted in time skips the round (empty)."""
         ...
 
 

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from zoneinfo import ZoneInfo
 
 from celery_scheduler import errors, ports
@@ -242,14 +242,14 @@ def idempotent_task(
             key_args = args[1:] if bound else args
             raw = key(*key_args, **kwargs) if key is not None else _default_key(task_name)
             the_key = normalize_key(raw, task_name)
-            result: R = ports.backend().idempotency.run_once(
+            result = ports.backend().idempotency.run_once(
                 the_key,
                 task_name=task_name,
                 occurrence_id=current_occurrence_id(),
                 tenant_id=current_tenant_id(),
                 body=lambda: func(*args, **kwargs),
             )
-            return result
+            return cast(R, result)  # the body's R, or the same value read back from JSON
 
         if app is not None:
             task: Task[P, R] = app.task(**options)(body)

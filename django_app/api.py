@@ -27,7 +27,7 @@ from celery_scheduler.api_types import (
     TenantUsage,
 )
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
-from django_app import tenants
+from django_app import conf, tenants
 from django_app.models import Occurrence, Schedule, Tenant
 from django_app.schedules import audit, audited, bulk_create, lifecycle, reads, skips
 from django_app.schedules import backfill as backfill_module
@@ -182,7 +182,9 @@ def create_schedules(
         celery_scheduler.errors.QuotaExceeded: the batch would exceed the tenant's quota.
     """
     who, why = audit.check(actor, reason)
-    return bulk_create.create_schedules(items, tenant=tenant, actor=who, reason=why, clock=clock)
+    return bulk_create.create_schedules(
+        items, tenant=tenant, actor=who, reason=why, clock=clock, settings=conf.get()
+    )
 
 
 def sync_schedules(
@@ -222,8 +224,9 @@ def sync_schedules(
     """
     who, why = audit.check(actor, reason)
     return bulk_create.sync_schedules(
-        items, tenant=tenant, prune=prune, actor=who, reason=why, clock=clock
-    )
+        items, tenant=tenant, prune=prune, actor=who, reason=why, clock=clock,
+        settings=conf.get(),
+    )  # fmt: skip
 
 
 def update_schedule(

@@ -149,15 +149,19 @@ def _switch(name: str, value: object, *, auto: bool) -> bool:
     raise ValueError(f"CELERY_SCHEDULER[{name!r}] must be 'auto', true or false; got {value!r}")
 
 
-def bulk_materialize_enabled(vendor: str) -> bool:
-    """Whether the set-based materializer runs on a database of ``vendor``."""
+def bulk_materialize_enabled(vendor: str, settings: SchedulerSettings | None = None) -> bool:
+    """Whether the set-based materializer runs on a database of ``vendor`` (``settings``:
+    the value the caller read; default: read now)."""
     if vendor != "postgresql":
         return False
-    return _switch("bulk_materialize", get().bulk_materialize, auto=True)
+    return _switch("bulk_materialize", (settings or get()).bulk_materialize, auto=True)
 
 
-def burst_relay_enabled(vendor: str, broker_url: object) -> bool:
-    """Whether beat relays through BurstRelay (database ``vendor``, the app's broker URL)."""
+def burst_relay_enabled(
+    vendor: str, broker_url: object, settings: SchedulerSettings | None = None
+) -> bool:
+    """Whether beat relays through BurstRelay (database ``vendor``, the app's broker URL;
+    ``settings``: the value the caller read, default: read now)."""
     if vendor != "postgresql":
         return False
     fast = (
@@ -165,4 +169,4 @@ def burst_relay_enabled(vendor: str, broker_url: object) -> bool:
         and broker_url.startswith(("redis://", "rediss://", "amqp://", "pyamqp://", "amqps://"))
         and ";" not in broker_url  # a failover list: kombu picks the server
     )
-    return _switch("burst_relay", get().burst_relay, auto=fast)
+    return _switch("burst_relay", (settings or get()).burst_relay, auto=fast)

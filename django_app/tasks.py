@@ -44,7 +44,9 @@ logger = logging.getLogger("celery_scheduler.worker")
 _FINISH_TRIES = 3
 
 
-def policy_for(target: Any, claimed: claim.ClaimResult) -> retry.RetryPolicy:
+def policy_for(
+    target: Any, claimed: claim.ClaimResult, *, default_max_attempts: int | None = None
+) -> retry.RetryPolicy:
     """Schedule fields win over task attributes, which win over the settings default.
 
     A task with Celery's ``autoretry_for`` retries as Celery would retry it: up to
@@ -62,7 +64,8 @@ def policy_for(target: Any, claimed: claim.ClaimResult) -> retry.RetryPolicy:
         claimed.max_attempts
         or getattr(target, "max_attempts", None)
         or celery_attempts
-        or conf.get().default_max_attempts
+        or default_max_attempts
+        or conf.get().default_max_attempts  # a direct call (tests): read here
     )
     backoff = getattr(target, "retry_backoff", False)
     jitter = True
@@ -134,7 +137,8 @@ def execute(
     passes the task's own ``run``, under the request Celery's tracer already pushed.
     ``message``: the wrapper's kwargs and headers, for :func:`current_occurrence`.
     """
-    lease = finish.lease_or_default(lease)
+    settings = conf.get()  # the worker's entry point: read once, passed down
+    lease = lease or timedelta(seconds=settings.occurrence_lease_seconds)
     drop_if_broken()  # a connection kept from an earlier task may have been broken by it
     claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
     if not claimed.claimed:
@@ -166,7 +170,7 @@ def execute(
         decision = retry.decide(
             exc,
             attempts_used=claimed.attempts_in_run,
-            policy=policy_for(target, claimed),
+            policy=policy_for(target, claimed, default_max_attempts=settings.default_max_attempts),
             now=clock.now(),
             deadline=claimed.deadline,
             rng=random.Random(),

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from http.server import ThreadingHTTPServer
-from typing import Any
 
+from celery import Celery
 from django.db import DatabaseError, connection
 
 from celery_scheduler.core.clock import Clock
@@ -53,19 +53,22 @@ def materialize_due(
     horizon: timedelta | None = None,
     batch_size: int | None = None,
     node: str = "",
+    settings: conf.SchedulerSettings | None = None,
 ) -> MaterializeReport:
     """Materialize the due schedules with the materializer this database gets: the
     set-based one on PostgreSQL (``bulk_materialize``, on by default), else the portable
-    one. Arguments and report as :func:`django_app.materialize.per_schedule.materialize_due`.
+    one. Arguments and report as :func:`django_app.materialize.per_schedule.materialize_due`;
+    ``settings`` is read here when not given, once, and passed down.
     """
+    cfg = settings or conf.get()
     choose = (
         set_based.materialize_due_bulk
-        if conf.bulk_materialize_enabled(connection.vendor)
+        if conf.bulk_materialize_enabled(connection.vendor, cfg)
         else per_schedule.materialize_due
     )
     return choose(
         clock=clock, shards=shards, shard_fencing=shard_fencing, horizon=horizon,
-        batch_size=batch_size, node=node,
+        batch_size=batch_size, node=node, settings=cfg,
     )  # fmt: skip
 
 
@@ -105,6 +108,7 @@ class DjangoBackend:
         self.idempotency: IdempotencyStore = idempotency
 
     def settings(self) -> conf.SchedulerSettings:
+        """Read anew on each call: the one place the beat side's settings come from."""
         return conf.get()
 
     def require_safe_database(self) -> None:
@@ -116,20 +120,23 @@ class DjangoBackend:
     def new_relay(
         self,
         *,
-        app: Any,
+        app: Celery,
         clock: Clock,
         publisher: Publisher | None,
         node: str,
         lookahead: timedelta,
     ) -> Relay:
+        cfg = self.settings()
         if publisher is None:
-            publisher = celery_publisher(app, timeout=conf.get().publish_timeout_seconds)
+            publisher = celery_publisher(app, timeout=cfg.publish_timeout_seconds)
         relay: Relay
         url = app.conf.broker_write_url or app.conf.broker_url
-        if conf.burst_relay_enabled(connection.vendor, url):
-            relay = BurstRelay(clock=clock, publisher=publisher, node=node)
+        if conf.burst_relay_enabled(connection.vendor, url, cfg):
+            relay = BurstRelay(clock=clock, publisher=publisher, node=node, settings=cfg)
         else:
-            relay = LookaheadRelay(clock=clock, publisher=publisher, node=node, lookahead=lookahead)
+            relay = LookaheadRelay(
+                clock=clock, publisher=publisher, node=node, lookahead=lookahead, settings=cfg
+            )
         logger.info("beat %s: relay %s, publisher %s", node, type(relay).__name__,
                     type(publisher).__name__)  # fmt: skip
         return relay
@@ -137,7 +144,10 @@ class DjangoBackend:
     def new_shard_leases(
         self, node: str, clock: Clock, *, keeper: bool
     ) -> tuple[ShardLeases, Stoppable | None]:
-        leaser = ShardLeaser(node, clock=clock)
+        cfg = self.settings()
+        leaser = ShardLeaser(
+            node, clock=clock, shard_count=cfg.shard_count, lease_seconds=cfg.lease_seconds
+        )
         reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
         if not keeper:
             return leaser, None
@@ -158,14 +168,13 @@ class DjangoBackend:
     def stamp_progress(self, node: str, now: datetime) -> None:
         BeatNode.objects.filter(name=node).update(progress_at=now)
 
-    def sync_beat_schedule(self, app: Any, clock: Clock) -> beat_schedule.SyncReport:
+    def sync_beat_schedule(self, app: Celery, clock: Clock) -> beat_schedule.SyncReport:
         return beat_schedule.sync_app(app, clock=clock)
 
     def reap_expired(self, clock: Clock, limit: int) -> int:
-        return finish.reap_expired(clock=clock, limit=limit)
-
-    def redelivery_timeout(self) -> timedelta | None:
-        return redelivery.configured_timeout()
+        return finish.reap_expired(
+            clock=clock, limit=limit, default_max_attempts=self.settings().default_max_attempts
+        )
 
     def redeliver_lost(self, clock: Clock, limit: int, timeout: timedelta) -> int:
         return redelivery.redeliver_lost(clock=clock, limit=limit, timeout=timeout)
@@ -178,7 +187,7 @@ class DjangoBackend:
         ``partition_retention_days`` is set) drop the expired ones; a no-op elsewhere."""
         if connection.vendor != "postgresql" or not partitions.is_partitioned():
             return []
-        cfg = conf.get()
+        cfg = self.settings()
         width = timedelta(hours=cfg.partition_width_hours)
         try:
             done = partitions.ensure(now, width=width, ahead=cfg.partitions_ahead).created

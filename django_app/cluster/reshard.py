@@ -21,7 +21,6 @@ from django.utils import timezone
 
 from celery_scheduler.core import ids
 from celery_scheduler.errors import ShardCountMismatch
-from django_app import conf
 from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease
 
 #: Schedules per update transaction (short transactions: beats keep running meanwhile).
@@ -40,8 +39,9 @@ class Stranded:
         return bool(self.schedules or self.outbox_rows)
 
 
-def stranded(shard_count: int | None = None) -> Stranded:
-    count = shard_count or conf.get().shard_count
+def stranded(shard_count: int) -> Stranded:
+    """The rows stored in shards at or beyond ``shard_count`` (the caller's setting)."""
+    count = shard_count
     return Stranded(
         shard_count=count,
         schedules=Schedule.objects.filter(shard__gte=count).count(),
@@ -49,7 +49,7 @@ def stranded(shard_count: int | None = None) -> Stranded:
     )
 
 
-def check(shard_count: int | None = None) -> None:
+def check(shard_count: int) -> None:
     """Raise :class:`ShardCountMismatch` (naming the fix) if any row would never be leased."""
     found = stranded(shard_count)
     if found:
@@ -70,16 +70,14 @@ class ReshardReport:
     leases_dropped: int
 
 
-def reshard(
-    *, shard_count: int | None = None, rebalance: bool = False, dry_run: bool = False
-) -> ReshardReport:
+def reshard(*, shard_count: int, rebalance: bool = False, dry_run: bool = False) -> ReshardReport:
     """Move schedules (and their unsent outbox rows) into shards below ``shard_count``.
 
     Only stranded rows move unless ``rebalance``: then every schedule goes to
     ``hash(id) mod shard_count`` (spreads load evenly after ``shard_count`` was raised).
     Lease rows of shards past the count are dropped once nobody holds them.
     """
-    count = shard_count or conf.get().shard_count
+    count = shard_count  # the command's setting
     if count < 1:
         raise ValueError(f"shard_count must be >= 1, got {count}")
     moved = 0

@@ -92,11 +92,14 @@ class ShardLeaser:
     ) -> None:
         if not node:
             raise ValueError("ShardLeaser needs a non-empty node name")
-        cfg = conf.get()
+        if not shard_count or not lease_seconds:  # a direct construction (tests)
+            cfg = conf.get()
+            shard_count = shard_count or cfg.shard_count
+            lease_seconds = lease_seconds or cfg.lease_seconds
         self.node = node
         self.clock = clock
-        self.shard_count = shard_count or cfg.shard_count
-        self.lease = timedelta(seconds=lease_seconds or cfg.lease_seconds)
+        self.shard_count = shard_count
+        self.lease = timedelta(seconds=lease_seconds)
         self._held: dict[int, int] = {}
         self._valid_until: datetime | None = None
         self._rows_ready = False

@@ -84,6 +84,7 @@ def materialize_due(
     horizon: timedelta | None = None,
     batch_size: int | None = None,
     node: str = "",
+    settings: conf.SchedulerSettings | None = None,
 ) -> MaterializeReport:
     """Materialize every ACTIVE schedule with ``next_run_at <= now + horizon``, one
     transaction per schedule (``django_app.wiring.materialize_due`` picks this or the
@@ -92,9 +93,10 @@ def materialize_due(
     See the module docstring and :func:`materialize_one` for the per-schedule contract.
     ``shards`` limits the scan (default: every shard, or the keys of ``shard_fencing``);
     ``shard_fencing`` maps shard -> fencing token, and each transaction for such a shard
-    commits only if the ShardLease row still carries that token.
+    commits only if the ShardLease row still carries that token. ``settings``: the value
+    the caller read (beat: once per step); a direct call (a test) leaves it out.
     """
-    cfg = conf.get()
+    cfg = settings or conf.get()
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.batch_size
     fencing = dict(shard_fencing or {})

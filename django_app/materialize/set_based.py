@@ -70,6 +70,7 @@ def materialize_due_bulk(
     horizon: timedelta | None = None,
     batch_size: int | None = None,
     node: str = "",
+    settings: conf.SchedulerSettings | None = None,
 ) -> single.MaterializeReport:
     """:func:`~django_app.materialize.per_schedule.materialize_due`, batch by batch (see module)."""
     if connection.vendor != "postgresql":
@@ -80,8 +81,9 @@ def materialize_due_bulk(
             horizon=horizon,
             batch_size=batch_size,
             node=node,
+            settings=settings,
         )
-    cfg = conf.get()
+    cfg = settings or conf.get()
     horizon = timedelta(seconds=cfg.horizon_seconds) if horizon is None else horizon
     batch_size = batch_size or cfg.bulk_batch_size
     fencing = dict(shard_fencing or {})

@@ -42,9 +42,9 @@ DEFAULT_PROBE_TIMEOUT = 5.0
 LAG_SAMPLE_LIMIT = 10_000
 
 
-def redelivery_timeout() -> float:
+def redelivery_timeout(settings: conf.SchedulerSettings) -> float:
     """``redelivery_timeout_seconds`` (or its default when redelivery is turned off)."""
-    return float(conf.get().redelivery_timeout_seconds or DEFAULT_REDELIVERY_TIMEOUT)
+    return float(settings.redelivery_timeout_seconds or DEFAULT_REDELIVERY_TIMEOUT)
 
 
 @dataclass
@@ -106,7 +106,7 @@ def status(*, clock: Clock = SYSTEM_CLOCK, lag_minutes: float = 5.0) -> Status:
     due_unsent = OutboxEntry.objects.due(now)
     backlog = due_unsent.aggregate(n=Count("pk"), oldest=Min("available_at"))
     oldest: datetime | None = backlog["oldest"]
-    timeout = redelivery_timeout()
+    timeout = redelivery_timeout(settings)
     unclaimed = Occurrence.objects.filter(
         state=OccurrenceState.ENQUEUED,
         enqueued_at__lt=now - timedelta(seconds=timeout),

@@ -81,12 +81,12 @@ def _due_rows(
     return quotas.without_exhausted(rows, now)
 
 
-def idle_bound() -> float:
+def idle_bound(settings: conf.SchedulerSettings) -> float:
     """Seconds a relay transaction may sit idle before PostgreSQL ends its session."""
-    return max(float(conf.get().claim_grace_seconds), 1.0)
+    return max(float(settings.claim_grace_seconds), 1.0)
 
 
-def bound_relay_transaction() -> bool:
+def bound_relay_transaction(settings: conf.SchedulerSettings) -> bool:
     """First statement of a relay transaction: bound its waits.
 
     PostgreSQL (``SET LOCAL``, gone with the transaction): ``lock_timeout``, a lock wait
@@ -102,7 +102,7 @@ def bound_relay_transaction() -> bool:
     while a transaction waits for the client), in whole seconds. Returns True when it
     changed them: :func:`relay_transaction` then puts the connection's own values back.
     """
-    cfg = conf.get()
+    cfg = settings
     if connection.vendor == "mysql":
         idle = _idle_variable()
         sets = [
@@ -112,7 +112,7 @@ def bound_relay_transaction() -> bool:
         if len(connection.atomic_blocks) == 1:
             sets += [
                 f"@celery_scheduler_idle = @@session.{idle}",
-                f"SESSION {idle} = {max(1, math.ceil(idle_bound()))}",
+                f"SESSION {idle} = {max(1, math.ceil(idle_bound(cfg)))}",
             ]
         with connection.cursor() as cur:
             # One statement: the old values are read before any is changed.
@@ -123,13 +123,13 @@ def bound_relay_transaction() -> bool:
     with connection.cursor() as cur:
         cur.execute(f"SET LOCAL lock_timeout = {max(1, int(cfg.publish_timeout_seconds * 1000))}")
         if len(connection.atomic_blocks) == 1:
-            ms = int(idle_bound() * 1000)
+            ms = int(idle_bound(cfg) * 1000)
             cur.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
     return False
 
 
 @contextmanager
-def relay_transaction() -> Iterator[None]:
+def relay_transaction(settings: conf.SchedulerSettings) -> Iterator[None]:
     """``transaction.atomic()`` for one relay transaction, its waits bounded
     (:func:`bound_relay_transaction`); on MySQL/MariaDB the session's values are restored
     once it ended (after the commit: the idle bound must cover the wait for it too)."""
@@ -141,7 +141,7 @@ def relay_transaction() -> Iterator[None]:
         stopping.hold()
         try:
             with transaction.atomic():
-                restore = bound_relay_transaction()
+                restore = bound_relay_transaction(settings)
                 yield
         finally:
             if restore:
@@ -201,7 +201,7 @@ def keepalive() -> None:
 class Pulse:
     """Speaks to the database whenever a quarter of the idle bound passed since it last did.
 
-    A relay transaction may be silent for only ``idle_bound()`` seconds before the database
+    A relay transaction may be silent for only :func:`idle_bound` seconds before the database
     ends its session (what frees the row locks of a stalled beat). Work a live relay does
     between two statements must therefore stay well under it however large the batch or
     wave: a slow broker, converting a 20,000-row result, a loop over 250,000 rows on a
@@ -214,8 +214,8 @@ class Pulse:
 
     __slots__ = ("bound", "every", "spoke")
 
-    def __init__(self) -> None:
-        self.bound = idle_bound()
+    def __init__(self, settings: conf.SchedulerSettings) -> None:
+        self.bound = idle_bound(settings)
         self.every = self.bound / 4
         self.spoke = time.monotonic()
 
@@ -251,11 +251,13 @@ PUBLISH_SLICE = 20
 PULSE_ROWS = 1_000
 
 
-def _publish_in_slices(publisher: Publisher, messages: list[OccurrenceMessage]) -> None:
+def _publish_in_slices(
+    publisher: Publisher, messages: list[OccurrenceMessage], settings: conf.SchedulerSettings
+) -> None:
     """Publish a batch a slice at a time with a :class:`Pulse` between slices: a slow but
     live broker (a busy RabbitMQ, kombu's per-message path) keeps the transaction's
     session."""
-    pulse = Pulse()
+    pulse = Pulse(settings)
     for start in range(0, len(messages), PUBLISH_SLICE):
         pulse()
         publisher.publish(messages[start : start + PUBLISH_SLICE])
@@ -281,6 +283,7 @@ def relay_due(
     shard_fencing: Mapping[int, int] | None = None,
     limit: int | None = None,
     node: str = "",
+    settings: conf.SchedulerSettings | None = None,
 ) -> RelayReport:
     """Publish every outbox row with ``available_at <= now`` (at most ``limit``), in batches.
 
@@ -290,17 +293,19 @@ def relay_due(
     checked. ``node`` is this relay's claim token: rows it claimed ahead (see
     :class:`LookaheadRelay`) count as its own. Raises
     :class:`celery_scheduler.errors.CoordinationUnavailable` when the broker refuses a
-    batch (that batch stays unsent) and lets database errors propagate.
+    batch (that batch stays unsent) and lets database errors propagate. ``settings``: the
+    value the relay was built with; a direct call (a test) leaves it out: read once here.
     """
     if shards is None and shard_fencing:
         shards = list(shard_fencing)
-    batch_size = conf.get().batch_size
+    cfg = settings or conf.get()
+    batch_size = cfg.batch_size
     token = node or new_token(node)
     report = RelayReport()
     while limit is None or report.claimed < limit:
         size = batch_size if limit is None else min(batch_size, limit - report.claimed)
         now = clock.now()
-        one = _relay_batch(_due_rows(now, token, shards), size, clock, publisher, token)
+        one = _relay_batch(_due_rows(now, token, shards), size, clock, publisher, token, cfg)
         report += one
         if one.claimed < size or one.published + one.dropped == 0:
             break
@@ -308,17 +313,22 @@ def relay_due(
 
 
 def _relay_batch(
-    candidates: QuerySet[OutboxEntry], size: int, clock: Clock, publisher: Publisher, token: str
+    candidates: QuerySet[OutboxEntry],
+    size: int,
+    clock: Clock,
+    publisher: Publisher,
+    token: str,
+    settings: conf.SchedulerSettings,
 ) -> RelayReport:
     """One transaction: take up to ``size`` rows, check, publish, mark (module docstring)."""
     now = clock.now()
-    with relay_transaction():
+    with relay_transaction(settings):
         lock = _skip_locked()
         ids = quotas.take_fair_batch(candidates, size, lock=lock, now=now, until=now, token=token)
         if lock:
             found = OutboxEntry.objects.in_bulk(ids)
         else:
-            lease = timedelta(seconds=conf.get().lease_seconds)
+            lease = timedelta(seconds=settings.lease_seconds)
             OutboxEntry.objects.unsent().claimable(now, token).filter(id__in=ids).update(
                 claimed_by=token, claim_expires_at=now + lease
             )
@@ -326,10 +336,12 @@ def _relay_batch(
         rows = [found[i] for i in ids if i in found]  # fair order
         if not rows:
             return RelayReport()
-        return _publish_rows(rows, clock, publisher)
+        return _publish_rows(rows, clock, publisher, settings)
 
 
-def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -> RelayReport:
+def _publish_rows(
+    rows: list[OutboxEntry], clock: Clock, publisher: Publisher, settings: conf.SchedulerSettings
+) -> RelayReport:
     """Steps 2-5 for rows the caller holds; must run inside the batch's transaction."""
     now = clock.now()
     occurrences = Occurrence.objects.filter(id__in=[r.occurrence_id for r in rows])
@@ -386,7 +398,7 @@ def _publish_rows(rows: list[OutboxEntry], clock: Clock, publisher: Publisher) -
         # fails then, before anything reaches the broker a second time.
         keepalive()
         try:
-            _publish_in_slices(publisher, [message for _, message in to_send])
+            _publish_in_slices(publisher, [message for _, message in to_send], settings)
         except Exception:
             observe.publish_failed(len(to_send))
             raise
@@ -450,7 +462,10 @@ class LookaheadRelay:
         lookahead: timedelta = timedelta(seconds=3),
         shards: Collection[int] | None = None,
         max_held: int = 10_000,
+        settings: conf.SchedulerSettings | None = None,
     ) -> None:
+        #: Read at beat start by the composition root (a direct construction: here).
+        self.settings = settings or conf.get()
         self.clock = clock
         self.publisher = publisher
         self.token = new_token(node)
@@ -469,7 +484,7 @@ class LookaheadRelay:
     def publish_held(self) -> RelayReport:
         """Publish the held rows whose ``available_at`` has passed."""
         report = RelayReport()
-        batch_size = conf.get().batch_size
+        batch_size = self.settings.batch_size
         while due := self.dispatcher.pop_due(self.clock.now(), limit=batch_size):
             ids = [held.outbox_id for held in due]
             try:
@@ -487,7 +502,11 @@ class LookaheadRelay:
     def poll(self) -> RelayReport:
         """Relay rows already due that nobody holds, then claim rows of the next window."""
         report = relay_due(
-            clock=self.clock, publisher=self.publisher, shards=self.shards, node=self.token
+            clock=self.clock,
+            publisher=self.publisher,
+            shards=self.shards,
+            node=self.token,
+            settings=self.settings,
         )
         return report + self._claim_ahead()
 
@@ -498,7 +517,7 @@ class LookaheadRelay:
 
     def _publish_held_batch(self, ids: list[int]) -> RelayReport:
         now = self.clock.now()
-        with relay_transaction():
+        with relay_transaction(self.settings):
             rows_qs = OutboxEntry.objects.unsent().filter(id__in=ids).claimable(now, self.token)
             if _skip_locked():
                 rows_qs = rows_qs.select_for_update(skip_locked=True, of=_of_self())
@@ -508,7 +527,7 @@ class LookaheadRelay:
             rows = list(rows_qs.order_by("available_at", "-priority", "id"))
             if not rows:
                 return RelayReport()
-            return _publish_rows(rows, self.clock, self.publisher)
+            return _publish_rows(rows, self.clock, self.publisher, self.settings)
 
     def _claim_ahead(self) -> RelayReport:
         """Claim at most one batch of rows due within the window.
@@ -517,14 +536,14 @@ class LookaheadRelay:
         between them and published in parallel instead of by whoever polled first. Rows no
         relay claimed ahead are published by the due path at their time anyway.
         """
-        size = min(self.max_held - len(self.dispatcher), conf.get().batch_size)
+        size = min(self.max_held - len(self.dispatcher), self.settings.batch_size)
         if size <= 0:
             return RelayReport()
         return self._claim_ahead_batch(size)
 
     def _claim_ahead_batch(self, size: int) -> RelayReport:
         now = self.clock.now()
-        grace = timedelta(seconds=conf.get().claim_grace_seconds)
+        grace = timedelta(seconds=self.settings.claim_grace_seconds)
         until = now + self.lookahead
         candidates = _due_rows(now, self.token, self.shards, until=until)
         candidates = candidates.filter(available_at__gt=now)

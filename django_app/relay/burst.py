@@ -172,8 +172,10 @@ class BurstRelay:
         shards: Collection[int] | None = None,
         shard_fencing: Mapping[int, int] | None = None,
         max_rows: int | None = None,
+        settings: conf.SchedulerSettings | None = None,
     ) -> None:
-        cfg = conf.get()
+        #: Read at beat start by the composition root (a direct construction: here).
+        cfg = self.settings = settings or conf.get()
         self.clock = clock
         self.publisher = preparing(publisher)
         self.token = new_token(node)
@@ -214,7 +216,11 @@ class BurstRelay:
         report = self.claim_ahead()
         report += self.publish_held()
         return report + relay_due(
-            clock=self.clock, publisher=self.publisher, shards=self.shards, node=self.token
+            clock=self.clock,
+            publisher=self.publisher,
+            shards=self.shards,
+            node=self.token,
+            settings=self.settings,
         )
 
     def step(self) -> RelayReport:
@@ -260,7 +266,7 @@ class BurstRelay:
                     CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
                     {
                         "token": self.token,
-                        "lease": conf.get().claim_grace_seconds,
+                        "lease": self.settings.claim_grace_seconds,
                         "now": now,
                         "until": until,
                         "limit": room,
@@ -421,9 +427,9 @@ class BurstRelay:
                 # A session silent past claim_grace_seconds is ended by the database: no
                 # collector pause inside the wave (see relay.batch.no_cyclic_gc), and every
                 # piece of client-side work that grows with the wave runs between pulses.
-                pulse = Pulse()
+                pulse = Pulse(self.settings)
                 with no_cyclic_gc(), transaction.atomic(), pulse.watching():
-                    bound_relay_transaction()
+                    bound_relay_transaction(self.settings)
                     report, release = self._fire_locked(wave, pulse, stopping)
             except BaseException:
                 self._release_quietly([r.outbox_id for r in wave.rows])
@@ -722,7 +728,7 @@ class BurstRelay:
         (a session idle past ``claim_grace_seconds`` is ended by PostgreSQL, by design: that
         is what frees the locks of a stalled beat). Returns the seconds slept."""
         slept = 0.0
-        slice_seconds = idle_bound() / 4
+        slice_seconds = idle_bound(self.settings) / 4
         while (wait := (due_at - self.clock.now()).total_seconds()) > 0:
             if wait > self.max_lookahead.total_seconds() + self.hold.total_seconds():
                 break  # the wall clock stepped back: _still_ours gives the rows up
@@ -745,7 +751,7 @@ class BurstRelay:
         """
         now = self.clock.now()
         late = (now - due_at).total_seconds()
-        overslept = slept > 0 and late > conf.get().claim_grace_seconds
+        overslept = slept > 0 and late > self.settings.claim_grace_seconds
         if not overslept and -late <= self.max_lookahead.total_seconds():
             return True
         logger.warning(

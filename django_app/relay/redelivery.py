@@ -67,9 +67,9 @@ class LostMessage:
     tenant: str
 
 
-def configured_timeout() -> timedelta | None:
+def configured_timeout(settings: conf.SchedulerSettings) -> timedelta | None:
     """``redelivery_timeout_seconds`` as a timedelta; None when redelivery is off (0)."""
-    seconds = conf.get().redelivery_timeout_seconds
+    seconds = settings.redelivery_timeout_seconds
     return timedelta(seconds=seconds) if seconds > 0 else None
 
 
@@ -155,14 +155,18 @@ def redeliver_lost(
 ) -> int:
     """One pass: re-open up to ``limit`` lost messages for the relay; returns how many.
 
-    ``timeout`` defaults to the ``redelivery_timeout_seconds`` setting (0: do nothing),
-    ``limit`` to ``batch_size``.
+    Beat passes both (from the settings it read for its step); a direct call (a shell, a
+    test) may leave them out: ``timeout`` then defaults to the ``redelivery_timeout_seconds``
+    setting (0: do nothing), ``limit`` to ``batch_size``, read once here.
     """
-    timeout = timeout or configured_timeout()
+    if not timeout or not limit:  # (a zero is "not given", as it always was)
+        settings = conf.get()
+        timeout = timeout or configured_timeout(settings)
+        limit = limit or settings.batch_size
     if timeout is None:
         return 0
     now = (clock or SYSTEM_CLOCK).now()
-    lost = find_lost(now, timeout, limit=limit or conf.get().batch_size)
+    lost = find_lost(now, timeout, limit=limit)
     if not lost:
         return 0
     reopened = reopen(lost, now)

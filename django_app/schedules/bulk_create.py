@@ -72,14 +72,17 @@ def _at(index: int, exc: errors.ValidationError) -> errors.ValidationError:
     return type(exc)(f"items[{index}]: {exc}", field=name)
 
 
-def validate_items(items: Iterable[Mapping[str, Any]], *, now: datetime) -> list[_Item]:
+def validate_items(
+    items: Iterable[Mapping[str, Any]], *, now: datetime, settings: conf.SchedulerSettings
+) -> list[_Item]:
     """Every item through create_schedule's validation, or the first bad one's error."""
-    return list(iter_validated(items, now=now))
+    return list(iter_validated(items, now=now, settings=settings))
 
 
-def iter_validated(items: Iterable[Mapping[str, Any]], *, now: datetime) -> Iterator[_Item]:
+def iter_validated(
+    items: Iterable[Mapping[str, Any]], *, now: datetime, settings: conf.SchedulerSettings
+) -> Iterator[_Item]:
     """:func:`validate_items` one item at a time (a bulk create writes while it validates)."""
-    settings = conf.get()
     json_depth = validation.max_json_depth()
     memo = validation.BatchMemo()  # the task and trigger checks once per distinct value
     for index, item in enumerate(items):
@@ -155,11 +158,13 @@ def create_schedules(
     actor: str = "",
     reason: str = "",
     clock: Clock | None = None,
+    settings: conf.SchedulerSettings,
 ) -> BulkCreateReport:
     """Create every item (see the module docstring); nothing is written if one is refused.
 
     Items are validated while the schedules are written (PostgreSQL loads one chunk while
     the next is validated); the first refused item rolls the transaction back.
+    ``settings``: the value the facade read for this call.
     """
     now = (clock or SYSTEM_CLOCK).now()
     items = list(items)
@@ -167,8 +172,9 @@ def create_schedules(
         lifecycle.tenant_slug(tenant)  # a bad slug is refused before the transaction
     with transaction.atomic():
         return _create(
-            iter_validated(items, now=now), _raw_keys(items), tenant=tenant, source=source,
-            actor=actor, reason=reason, now=now,
+            iter_validated(items, now=now, settings=settings), _raw_keys(items), tenant=tenant,
+            source=source, actor=actor, reason=reason, now=now,
+            shard_count=settings.shard_count,
         )  # fmt: skip
 
 
@@ -187,13 +193,13 @@ def _create(
     actor: str,
     reason: str,
     now: datetime,
+    shard_count: int,
 ) -> BulkCreateReport:
     """The writes of create_schedules, in the caller's transaction."""
     # The tenant lock serialises this batch with single creates (they take it too) for the
     # key lookups and the quota: no concurrent create can slip a key in between.
     tenant_obj = lifecycle.locked_tenant(tenant)
     existing = _existing_by_key(tenant_obj, keys)
-    shard_count = conf.get().shard_count
     ids: list[uuid.UUID] = []
     versions: list[dict[str, Any]] = []
     tags: list[dict[str, Any]] = []
@@ -396,10 +402,12 @@ def sync_schedules(
     actor: str = "",
     reason: str = "",
     clock: Clock | None = None,
+    settings: conf.SchedulerSettings,
 ) -> ScheduleSyncReport:
-    """Upsert ``items`` by idempotency key (see ``celery_scheduler.api.sync_schedules``)."""
+    """Upsert ``items`` by idempotency key (see ``celery_scheduler.api.sync_schedules``);
+    ``settings``: the value the facade read for this call."""
     now = (clock or SYSTEM_CLOCK).now()
-    validated = validate_items(items, now=now)
+    validated = validate_items(items, now=now, settings=settings)
     first_index: dict[str, int] = {}
     for item in validated:
         where = f"items[{item.index}].idempotency_key"
@@ -442,6 +450,7 @@ def sync_schedules(
             _create(
                 new, [i.key for i in new if i.key is not None], tenant=tenant_obj,
                 source=SYNC_SOURCE, actor=actor, reason=reason, now=now,
+                shard_count=settings.shard_count,
             )  # fmt: skip
         if prune:
             report.pruned.extend(

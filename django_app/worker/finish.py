@@ -200,7 +200,9 @@ def fail(
     return target
 
 
-def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
+def reap_expired(
+    *, clock: Clock | None = None, limit: int = 100, default_max_attempts: int | None = None
+) -> int:
     """Recover up to ``limit`` RUNNING occurrences whose lease expired; returns how many.
 
     Each one's current Attempt becomes LOST and the occurrence RETRY_WAIT with its outbox
@@ -216,7 +218,7 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
         .values_list("pk", "fencing_token", "schedule__max_attempts")[:limit]
     )
     reaped = 0
-    default_max = conf.get().default_max_attempts
+    default_max = default_max_attempts or conf.get().default_max_attempts  # (direct calls)
     for occ_id, token, max_attempts in expired:
         with transaction.atomic():
             # Schedule row first (only if it counts failures), then the occurrence: the
