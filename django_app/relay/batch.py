@@ -53,6 +53,7 @@ from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
 from celery_scheduler.stopping import stop_deferred
 from django_app import conf, observe
+from django_app.db import queries as db_queries
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from django_app.relay import queries
 from django_app.tenancy import quotas
@@ -122,10 +123,10 @@ def bound_relay_transaction() -> bool:
     if connection.vendor != "postgresql":
         return False
     with connection.cursor() as cur:
-        cur.execute(queries.pg_lock_timeout(max(1, int(cfg.publish_timeout_seconds * 1000))))
+        cur.execute(db_queries.lock_timeout(max(1, int(cfg.publish_timeout_seconds * 1000))))
         if len(connection.atomic_blocks) == 1:
             ms = int(idle_bound() * 1000)
-            cur.execute(queries.pg_idle_timeout(ms))
+            cur.execute(db_queries.idle_timeout(ms))
     return False
 
 
@@ -196,7 +197,7 @@ def keepalive() -> None:
     fails at once if the server already ended it (the caller then publishes nothing)."""
     if connection.vendor in ("postgresql", "mysql") and connection.in_atomic_block:
         with connection.cursor() as cur:
-            cur.execute(queries.KEEPALIVE)
+            cur.execute(db_queries.PING)
 
 
 class Pulse:

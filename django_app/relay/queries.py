@@ -5,9 +5,9 @@ models (``Model._meta.db_table``), quoted by the connection when a statement is 
 (each builder is cached: one process talks to one database).
 
 The burst relay's statements are PostgreSQL's (arrays, ``unnest``, ``SKIP LOCKED``); the
-transaction bounds are PostgreSQL's ``SET LOCAL`` or MySQL/MariaDB's session variables;
-:data:`KEEPALIVE` serves both. A ``SET`` takes no parameters: its values are integers
-formatted in by the builder.
+transaction bounds are MySQL/MariaDB's session variables here (PostgreSQL's ``SET LOCAL``
+and the keepalive's ``SELECT 1`` are in :mod:`django_app.db.queries`). A ``SET`` takes no
+parameters: its values are formatted in by the caller.
 """
 
 from __future__ import annotations
@@ -22,21 +22,6 @@ from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Ten
 
 def _table(model: Any) -> str:
     return str(connection.ops.quote_name(model._meta.db_table))
-
-
-#: PostgreSQL and MySQL/MariaDB: a no-op statement that keeps a held transaction's session
-#: from counting as idle, and fails at once if the server already ended it.
-KEEPALIVE = "SELECT 1"
-
-
-def pg_lock_timeout(ms: int) -> str:
-    """PostgreSQL: bound the current transaction's lock waits to ``ms`` milliseconds."""
-    return f"SET LOCAL lock_timeout = {int(ms)}"
-
-
-def pg_idle_timeout(ms: int) -> str:
-    """PostgreSQL: end the session if the current transaction sits idle ``ms`` milliseconds."""
-    return f"SET LOCAL idle_in_transaction_session_timeout = {int(ms)}"
 
 
 def mysql_set(assignments: list[str]) -> str:
