@@ -46,7 +46,7 @@ from django.db import connection, transaction
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
 from django_app.db import queries as sql
-from django_app.db.queries import KEY
+from django_app.db.queries import KEY  # the partitioned tables' key: the occurrence's time
 from django_app.models import Attempt, Occurrence, OutboxEntry
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The partitioned tables, all keyed by the occurrence's time: (model label, key column).
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: pg_advisory_xact_lock key (an arbitrary constant: "cs partitions").
 LOCK_KEY = 0x63737061
