@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
+from django_app.admin import queries
 from django_app.admin.scale import capped_count
 from django_app.admin.tenancy import scope
 from django_app.models import Occurrence, OutboxEntry, Schedule
@@ -100,16 +101,7 @@ def _sql_summary(
     inner_sql, params = _window(occurrences, now).query.sql_with_params()
     # One read of the rows: a materialized CTE feeds the percentiles and the per-minute max.
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH w AS MATERIALIZED (SELECT x.scheduled_for AS at, "
-            f"EXTRACT(EPOCH FROM (x.enqueued_at - x.scheduled_for)) AS lag "
-            f"FROM ({inner_sql}) AS x) "
-            f"SELECT (SELECT COUNT(*) FROM w), "
-            f"(SELECT percentile_disc(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY lag) FROM w), "
-            f"(SELECT array_agg(ARRAY[m, worst]) FROM (SELECT FLOOR(EXTRACT(EPOCH FROM (%s - at)) "
-            f"/ 60) AS m, MAX(lag) AS worst FROM w GROUP BY 1) AS g)",
-            [*params, now],
-        )
+        cursor.execute(queries.lag_summary(inner_sql), [*params, now])
         count, values, minutes = cursor.fetchone()
     worst = {int(m): float(v) for m, v in (minutes or []) if v is not None}
     percentiles = [float(v) if v is not None else None for v in (values or [None, None, None])]

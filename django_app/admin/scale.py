@@ -23,6 +23,8 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Model, QuerySet
 
+from django_app.admin import queries
+
 #: Counts (list totals, tab badges, history) stop here; beyond it they are estimates.
 COUNT_CAP = 10_000
 
@@ -48,16 +50,13 @@ def estimated_rows(queryset: QuerySet[Any]) -> int | None:
     with connection.cursor() as cursor:
         if not query.where:
             # Unfiltered: the table's row estimate, kept by ANALYZE and autovacuum.
-            cursor.execute(
-                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                [queryset.model._meta.db_table],
-            )
+            cursor.execute(queries.TABLE_ESTIMATE, {"table": queryset.model._meta.db_table})
             row = cursor.fetchone()
             if row and row[0] is not None and row[0] >= 0:
                 return int(row[0])
             # -1: never analyzed; the planner still has an estimate
         sql, params = query.sql_with_params()
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        cursor.execute(queries.explain(sql), params)
         plan = cursor.fetchone()[0]
     if isinstance(plan, str):
         plan = json.loads(plan)
@@ -127,18 +126,8 @@ def distinct_values(
     index on ``(*where, column)`` makes each step one probe.
     """
     connection = connections[model._default_manager.db]
-    quote = connection.ops.quote_name
-    table, col = quote(model._meta.db_table), quote(column)
-    conditions = "".join(f" AND {quote(k)} = %s" for k in where)
     params = list(where.values())
-    sql = (
-        f"WITH RECURSIVE walk (v, n) AS ("
-        f" SELECT MIN({col}), 1 FROM {table} WHERE {col} > ''{conditions}"
-        f" UNION ALL"
-        f" SELECT (SELECT MIN({col}) FROM {table} WHERE {col} > walk.v{conditions}), n + 1"
-        f" FROM walk WHERE walk.v IS NOT NULL AND n < %s"
-        f") SELECT v FROM walk WHERE v IS NOT NULL"
-    )
+    sql = queries.distinct_walk(connection, model, column, list(where))
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *params, limit])
         return [row[0] for row in cursor.fetchall()]

@@ -35,6 +35,7 @@ from celery_scheduler.core import balance
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.errors import DatabaseUnavailable, LeaseLost, SchedulerError
 from django_app import conf
+from django_app.db import queries
 from django_app.models import BeatNode, ShardLease
 
 logger = logging.getLogger(__name__)
@@ -306,7 +307,7 @@ class ShardLeaser:
         if connection.vendor == "postgresql":
             ms = max(1, int(self.refresh_interval * 1000))
             with connection.cursor() as cur:
-                cur.execute(f"SET LOCAL lock_timeout = {ms}")
+                cur.execute(queries.lock_timeout(ms))
 
 
 class LeaseKeeper:
@@ -355,5 +356,5 @@ def _bound_statements(seconds: float) -> None:
     if connection.vendor == "postgresql":
         ms = max(1, int(seconds * 1000))
         with connection.cursor() as cur:
-            cur.execute(f"SET LOCAL lock_timeout = {ms}")
-            cur.execute(f"SET LOCAL statement_timeout = {ms}")
+            cur.execute(queries.lock_timeout(ms))
+            cur.execute(queries.statement_timeout(ms))

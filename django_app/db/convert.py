@@ -39,15 +39,10 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 
 from django_app.db import partitions
+from django_app.db import queries as sql
 from django_app.db.partitions import KEY, Shape, apply_shape, slot_of, table_shape
 
 _CHECK = "{}_history_range"
-
-
-def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
 _HOLD = "{}__future"
 
 
@@ -73,9 +68,9 @@ class ConvertReport:
         }
 
 
-def _exec(sql: str, params: list[Any] | None = None) -> Any:
+def _exec(statement: str, params: dict[str, Any] | None = None) -> Any:
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(statement, params)
         return cur.fetchone() if cur.description else None
 
 
@@ -111,33 +106,21 @@ def convert(
     for table in tables:
         for name, _kind, cols in shapes[table].uniques:
             cols = cols if KEY in cols else [*cols, KEY]
-            _exec(
-                f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {_q(name + '_k')} "
-                f"ON {_q(table)} ({', '.join(_q(c) for c in cols)})"
-            )
+            _exec(sql.unique_index_concurrently(name + "_k", table, cols))
     report.seconds["indexes"] = round(time.monotonic() - clock, 3)
     log(f"unique indexes with {KEY} built in {report.seconds['indexes']}s")
 
     clock = time.monotonic()
     for table in tables:
         with transaction.atomic():
-            _exec(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
-            _exec(
-                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(_CHECK.format(table))} "
-                f"CHECK ({KEY} IS NOT NULL AND {KEY} < %s) NOT VALID".replace(
-                    "%s", f"'{boundary.isoformat()}'::timestamptz"
-                )
-            )
+            _exec(sql.lock_timeout(lock_timeout_ms))
+            _exec(sql.range_check(table, _CHECK.format(table), boundary))
     for table in tables:
         with transaction.atomic():
             hold = _HOLD.format(table)
-            _exec(f"CREATE TABLE {_q(hold)} (LIKE {_q(table)} INCLUDING DEFAULTS)")
-            names = ", ".join(_q(c) for c in partitions.columns(table))
+            _exec(sql.create_like(hold, table, including="INCLUDING DEFAULTS"))
             row = _exec(
-                f"WITH m AS (DELETE FROM {_q(table)} WHERE {KEY} >= %s RETURNING {names}) "
-                f", i AS (INSERT INTO {_q(hold)} ({names}) SELECT {names} FROM m RETURNING 1) "
-                f"SELECT count(*) FROM i",
-                [boundary],
+                sql.set_aside(table, hold, partitions.columns(table)), {"boundary": boundary}
             )
             report.set_aside[table] = int(row[0])
     report.seconds["set_aside"] = round(time.monotonic() - clock, 3)
@@ -145,7 +128,7 @@ def convert(
     clock = time.monotonic()
     try:
         for table in tables:
-            _exec(f"ALTER TABLE {_q(table)} VALIDATE CONSTRAINT {_q(_CHECK.format(table))}")
+            _exec(sql.validate_constraint(table, _CHECK.format(table)))
     except DatabaseError:
         _undo(tables)
         raise
@@ -157,10 +140,10 @@ def convert(
         clock = time.monotonic()
         try:
             with transaction.atomic():
-                _exec(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
-                _exec("SET LOCAL TimeZone = 'UTC'")
+                _exec(sql.lock_timeout(lock_timeout_ms))
+                _exec(sql.UTC)
                 for table in tables:
-                    _exec(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
+                    _exec(sql.lock_exclusive(table))
                 for table in tables:
                     _swap(table, shapes[table], boundary)
                 report.seconds["swap_catalog"] = round(time.monotonic() - clock, 3)
@@ -179,11 +162,7 @@ def convert(
     with transaction.atomic():
         for table in tables:
             hold = _HOLD.format(table)
-            names = ", ".join(_q(c) for c in partitions.columns(table))
-            _exec(
-                f"INSERT INTO {_q(table)} ({names}) SELECT {names} FROM {_q(hold)}; "
-                f"DROP TABLE {_q(hold)}"
-            )
+            _exec(sql.route_back(table, hold, partitions.columns(table)))
     report.seconds["routed_back"] = round(time.monotonic() - clock, 3)
     report.converted = tables
     log(f"locks held {report.seconds['lock_held']}s (try {report.swap_attempts})")
@@ -194,19 +173,14 @@ def _backfill(table: str, occ: str, batch: int) -> int:
     done = 0
     while True:
         with transaction.atomic():
-            row = _exec(
-                f"WITH b AS (SELECT id FROM {_q(table)} WHERE {KEY} IS NULL LIMIT {int(batch)} "
-                f"FOR UPDATE SKIP LOCKED), u AS (UPDATE {_q(table)} t SET {KEY} = o.{KEY} "
-                f"FROM b, {_q(occ)} o WHERE t.id = b.id AND o.id = t.occurrence_id "
-                f"RETURNING 1) SELECT count(*) FROM u"
-            )
+            row = _exec(sql.backfill_key(table, occ, batch))
         n = int(row[0])
         done += n
         if n == 0:
             break
     # Orphans (an occurrence deleted behind the ORM's back): their own time is as good.
     own = "started_at" if table.endswith("attempt") else "created_at"
-    _exec(f"UPDATE {_q(table)} SET {KEY} = {own} WHERE {KEY} IS NULL")
+    _exec(sql.backfill_key_from(table, own))
     return done
 
 
@@ -214,42 +188,24 @@ def _swap(table: str, shape: Shape, boundary: datetime) -> None:
     """Under the lock: ``table`` becomes ``<table>__history``, attached to a new
     partitioned ``table`` as ``[MINVALUE, boundary)``. Catalog work only."""
     history = f"{table}__history"
-    _exec(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} SET NOT NULL")  # the check proves it
+    _exec(sql.key_not_null(table))  # the check proves it
     for name, kind, _cols in shape.uniques:
-        what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
-        _exec(f"ALTER TABLE {_q(table)} DROP CONSTRAINT {_q(name)}")
-        _exec(
-            f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + '__h')} {what} "
-            f"USING INDEX {_q(name + '_k')}"
-        )
+        _exec(sql.drop_constraint(table, name))
+        _exec(sql.add_key_using_index(table, name + "__h", kind, name + "_k"))
     for name, _sql in shape.indexes:
-        _exec(f"ALTER INDEX {_q(name)} RENAME TO {_q(name + '__h')}")
-    _exec(f"ALTER TABLE {_q(table)} RENAME TO {_q(history)}")
-    _exec(
-        f"CREATE TABLE {_q(table)} (LIKE {_q(history)} INCLUDING DEFAULTS INCLUDING IDENTITY "
-        f"INCLUDING GENERATED) PARTITION BY RANGE ({KEY})"
-    )
-    identity = _exec(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attidentity <> ''",
-        [history],
-    )
+        _exec(sql.rename_index(name, name + "__h"))
+    _exec(sql.rename_table(table, history))
+    _exec(sql.create_partitioned_like(table, history))
+    identity = _exec(sql.IDENTITY_COLUMN, {"table": history})
     if identity:
         col = identity[0]
         # The new table's sequence goes on from the old one's last value.
-        _exec(
-            f"SELECT setval(pg_get_serial_sequence(%s, %s), "
-            f"greatest((SELECT max({_q(col)}) FROM {_q(history)}), 1))",
-            [table, col],
-        )
-        _exec(f"ALTER TABLE {_q(history)} ALTER COLUMN {_q(col)} DROP IDENTITY")
+        _exec(sql.continue_identity(history, col), {"table": table, "column": col})
+        _exec(sql.drop_identity(history, col))
     apply_shape(table, shape)
-    _exec(
-        f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(history)} "
-        f"FOR VALUES FROM (MINVALUE) TO (%s)",
-        [boundary],
-    )
-    _exec(f"ALTER TABLE {_q(history)} DROP CONSTRAINT {_q(_CHECK.format(table))}")
-    _exec(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+    _exec(sql.attach_history(table, history), {"end": boundary})
+    _exec(sql.drop_constraint(history, _CHECK.format(table)))
+    _exec(sql.create_default_partition(table))
     partitions.name_indexes(table + "_default")
     partitions.name_indexes(history)
 
@@ -258,11 +214,7 @@ def _undo(tables: list[str]) -> None:
     """Give up before the swap: drop the checks and put the set-aside rows back."""
     for table in tables:
         with transaction.atomic():
-            _exec(f"ALTER TABLE {_q(table)} DROP CONSTRAINT IF EXISTS {_q(_CHECK.format(table))}")
+            _exec(sql.drop_constraint(table, _CHECK.format(table), if_exists=True))
             hold = _HOLD.format(table)
-            if _exec("SELECT to_regclass(%s) IS NOT NULL", [hold])[0]:
-                cols = ", ".join(_q(c) for c in partitions.columns(table))
-                _exec(
-                    f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(hold)}; "
-                    f"DROP TABLE {_q(hold)}"
-                )
+            if _exec(sql.EXISTS_RELATION, {"name": hold})[0]:
+                _exec(sql.route_back(table, hold, partitions.columns(table)))

@@ -45,15 +45,15 @@ from django.db import connection, transaction
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
-from django_app.models import Attempt, Occurrence, OutboxEntry, ScheduleCursor
+from django_app.db import queries as sql
+from django_app.db.queries import KEY  # the partitioned tables' key: the occurrence's time
+from django_app.models import Attempt, Occurrence, OutboxEntry
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
 logger = logging.getLogger(__name__)
 
-#: The partitioned tables, all keyed by the occurrence's time: (model label, key column).
-KEY = "scheduled_for"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: pg_advisory_xact_lock key (an arbitrary constant: "cs partitions").
 LOCK_KEY = 0x63737061
@@ -66,21 +66,13 @@ def tables() -> list[str]:
     return [m._meta.db_table for m in (Occurrence, Attempt, OutboxEntry)]
 
 
-def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
 def is_partitioned(table: str | None = None) -> bool:
     """Whether ``table`` (default: the occurrence table) is a partitioned table here."""
     if connection.vendor != "postgresql":
         return False
     table = table or tables()[0]
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
-            "WHERE c.relname = %s AND pg_table_is_visible(c.oid)",
-            [table],
-        )
+        cur.execute(sql.IS_PARTITIONED, {"table": table})
         return cur.fetchone() is not None
 
 
@@ -121,11 +113,7 @@ def _bound(text: str) -> datetime | None:
 def partitions(table: str) -> list[Partition]:
     """``table``'s partitions with their bounds, in no particular order."""
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
-            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
-            [table],
-        )
+        cur.execute(sql.PARTITIONS_OF, {"table": table})
         rows = cur.fetchall()
     out = []
     for name, bound in rows:
@@ -162,16 +150,16 @@ def _maintenance(lock_timeout_ms: int, *, wait: bool) -> Iterator[bool]:
     """One transaction under the partition maintenance advisory lock; yields False (and
     does nothing) when another process holds it and ``wait`` is false."""
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SET LOCAL TimeZone = 'UTC'")
-        cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+        cur.execute(sql.UTC)
+        cur.execute(sql.lock_timeout(lock_timeout_ms))
         # Deferred foreign key checks of rows this transaction wrote (a caller's atomic
         # block) run now: PostgreSQL will not detach or drop a table they are pending on.
-        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cur.execute(sql.CONSTRAINTS_IMMEDIATE)
         if wait:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            cur.execute(sql.ADVISORY_LOCK, {"key": LOCK_KEY})
             yield True
             return
-        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_KEY])
+        cur.execute(sql.TRY_ADVISORY_LOCK, {"key": LOCK_KEY})
         row = cur.fetchone()
         yield bool(row and row[0])
 
@@ -224,7 +212,7 @@ def _lock_parents() -> None:
     move of the few rows a default partition held; ``lock_timeout`` bounds the wait."""
     with connection.cursor() as cur:
         for table in tables():
-            cur.execute(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
+            cur.execute(sql.lock_exclusive(table))
 
 
 def _create_slot(
@@ -233,38 +221,22 @@ def _create_slot(
     """Create one slot; move the default partition's rows of its range into it first."""
     name = slot_name(table, start, width)
     default = next((p.name for p in existing if p.default), None)
+    span = {"start": start, "end": end}
     with connection.cursor() as cur:
         if default is None:
-            cur.execute(
-                f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
-                [start, end],
-            )
+            cur.execute(sql.create_partition(table, name), span)
             name_indexes(name)
             return 0
-        cur.execute(
-            f"SELECT count(*) FROM {_q(default)} WHERE {KEY} >= %s AND {KEY} < %s", [start, end]
-        )
+        cur.execute(sql.count_range(default), span)
         (n,) = cur.fetchone() or (0,)
         if not n:
-            cur.execute(
-                f"CREATE TABLE {_q(name)} PARTITION OF {_q(table)} FOR VALUES FROM (%s) TO (%s)",
-                [start, end],
-            )
+            cur.execute(sql.create_partition(table, name), span)
             name_indexes(name)
             return 0
-        cols = ", ".join(_q(c) for c in columns(table))
-        cur.execute(
-            f"CREATE TABLE {_q(name)} (LIKE {_q(table)} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-        )
-        cur.execute(
-            f"WITH moved AS (DELETE FROM {_q(default)} WHERE {KEY} >= %s AND {KEY} < %s "
-            f"RETURNING {cols}) INSERT INTO {_q(name)} ({cols}) SELECT {cols} FROM moved",
-            [start, end],
-        )
-        cur.execute(
-            f"ALTER TABLE {_q(table)} ATTACH PARTITION {_q(name)} FOR VALUES FROM (%s) TO (%s)",
-            [start, end],
-        )
+        including = "INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
+        cur.execute(sql.create_like(name, table, including=including))
+        cur.execute(sql.move_range(default, name, columns(table)), span)
+        cur.execute(sql.attach_partition(table, name), span)
         name_indexes(name)
         return int(n)
 
@@ -275,25 +247,16 @@ def name_indexes(partition: str) -> None:
     a plain table (``occurrence_schedule_time__p20261202``)."""
     suffix = partition.rsplit("_", 1)[-1]
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT ci.relname, pi.relname FROM pg_index x JOIN pg_class ci ON ci.oid = "
-            "x.indexrelid JOIN pg_inherits h ON h.inhrelid = ci.oid JOIN pg_class pi ON "
-            "pi.oid = h.inhparent WHERE x.indrelid = %s::regclass",
-            [partition],
-        )
+        cur.execute(sql.INHERITED_INDEXES, {"table": partition})
         for child, parent in cur.fetchall():
             wanted = f"{parent[: 62 - len(suffix)]}_{suffix}"
             if child != wanted:
-                cur.execute(f"ALTER INDEX {_q(child)} RENAME TO {_q(wanted)}")
+                cur.execute(sql.rename_index(child, wanted))
 
 
 def columns(table: str) -> list[str]:
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-            "AND NOT attisdropped ORDER BY attnum",
-            [table],
-        )
+        cur.execute(sql.COLUMNS, {"table": table})
         return [r[0] for r in cur.fetchall()]
 
 
@@ -331,25 +294,10 @@ class DropReport:
 
 def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
     """Rows of one occurrence partition that retention must not delete (the rules of
-    django_app.operations.retention): not terminal (DEAD too unless ``include_dead``), an
-    unsent outbox row, or a time the schedule's live version has not passed yet (a skip
-    marker: deleting it would let the time run)."""
+    django_app.operations.retention; :func:`django_app.db.queries.blocking_rows`): DEAD
+    ones too unless ``include_dead``."""
     states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
-    terminal = ", ".join(f"'{s}'" for s in states)
-    cursor = _q(ScheduleCursor._meta.db_table)
-    return f"""
-        SELECT o.id, CASE
-            WHEN o.state NOT IN ({terminal}) THEN o.state
-            WHEN EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id
-                         AND b.sent_at IS NULL) THEN 'UNSENT_OUTBOX'
-            ELSE 'AHEAD_OF_CURSOR' END
-        FROM {occ} o
-        WHERE o.state NOT IN ({terminal})
-           OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
-           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {cursor} c WHERE c.schedule_id = o.schedule_id
-               AND c.version = o.schedule_version AND c.next_run_at IS NOT NULL
-               AND c.next_run_at <= o.scheduled_for))
-    """
+    return sql.blocking_rows(occ, out, tuple(states))
 
 
 def drop_old(
@@ -449,7 +397,7 @@ def _drop_slot(
                     # into the past) finish first; new ones wait for the commit, then find
                     # the rows where they now live. Read again under the lock.
                     _lock_parents()
-                cur.execute(_blocking_sql(_q(occ_p), _q(out_p), include_dead))
+                cur.execute(_blocking_sql(occ_p, out_p, include_dead))
                 blocking = cur.fetchall()
                 counts: dict[str, int] = {}
                 for _, why in blocking:
@@ -465,7 +413,7 @@ def _drop_slot(
             sizes = {}
             for table, part in names.items():
                 if part:
-                    cur.execute(f"SELECT count(*) FROM {_q(part)}")
+                    cur.execute(sql.count_all(part))
                     sizes[table] = int((cur.fetchone() or (0,))[0])
             if dry_run:
                 report.dropped.append(occ_p)
@@ -480,24 +428,21 @@ def _drop_slot(
             )
             for table, part in names.items():
                 if part:
-                    cur.execute(f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part)}")
+                    cur.execute(sql.detach_partition(table, part))
             if kept_ids:
                 for table, part in names.items():
                     if not part:
                         continue
-                    cols = ", ".join(_q(c) for c in columns(table))
                     ref = "id" if table == occ_t else "occurrence_id"
                     cur.execute(
-                        f"INSERT INTO {_q(table)} ({cols}) SELECT {cols} FROM {_q(part)} "
-                        f"WHERE {ref} = ANY(%s)",
-                        [kept_ids],
+                        sql.copy_rows(table, part, columns(table), where=ref), {"ids": kept_ids}
                     )
                 report.moved += len(kept_ids)
             elif blocking:
                 report.forced += len(blocking)
             for part in names.values():
                 if part:
-                    cur.execute(f"DROP TABLE {_q(part)}")
+                    cur.execute(sql.drop_table(part))
             report.dropped.append(occ_p)
             for t, n in sizes.items():
                 report.rows[t] = report.rows.get(t, 0) + n
@@ -521,29 +466,18 @@ class Shape:
 
 def table_shape(table: str) -> Shape:
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
-            "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = %s::regclass "
-            "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid "
-            "AND c.conrelid = x.indrelid) ORDER BY i.relname",
-            [table],
-        )
+        cur.execute(sql.PLAIN_INDEXES, {"table": table})
         indexes = [(n, d) for n, d in cur.fetchall()]
-        cur.execute(
-            "SELECT c.conname, c.contype, array(SELECT a.attname FROM unnest(c.conkey) "
-            "WITH ORDINALITY k(n, o) JOIN pg_attribute a ON a.attrelid = c.conrelid "
-            "AND a.attnum = k.n ORDER BY k.o) FROM pg_constraint c "
-            "WHERE c.conrelid = %s::regclass AND c.contype IN ('p', 'u') ORDER BY c.conname",
-            [table],
-        )
+        cur.execute(sql.UNIQUE_CONSTRAINTS, {"table": table})
         uniques = [(n, k, list(cols)) for n, k, cols in cur.fetchall()]
-        cur.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = %s::regclass AND contype IN ('f', 'c') ORDER BY conname",
-            [table],
-        )
+        cur.execute(sql.OTHER_CONSTRAINTS, {"table": table})
         others = [(n, d) for n, d in cur.fetchall()]
     return Shape(indexes, uniques, others)
+
+
+def _on_table(index_sql: str, table: str) -> str:
+    """A CREATE INDEX statement read from the catalog, moved onto ``table``."""
+    return re.sub(r" ON (ONLY )?\S+ USING ", f" ON {sql.q(table)} USING ", index_sql, count=1)
 
 
 def _with_key(index_sql: str) -> str:
@@ -566,20 +500,16 @@ def apply_shape(table: str, shape: Shape, *, suffix: str = "") -> None:
         for name, kind, cols in shape.uniques:
             if KEY not in cols:
                 cols = [*cols, KEY]
-            what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
-            cur.execute(
-                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + suffix)} {what} "
-                f"({', '.join(_q(c) for c in cols)})"
-            )
-        for name, sql in shape.indexes:
-            sql = re.sub(r" ON (ONLY )?\S+ USING ", f" ON {_q(table)} USING ", sql, count=1)
-            if sql.startswith("CREATE UNIQUE"):
-                sql = _with_key(sql)
+            cur.execute(sql.add_key(table, name + suffix, kind, cols))
+        for name, index_sql in shape.indexes:
+            index_sql = _on_table(index_sql, table)
+            if index_sql.startswith("CREATE UNIQUE"):
+                index_sql = _with_key(index_sql)
             if suffix:
-                sql = sql.replace(f"INDEX {name} ", f"INDEX {_q(name + suffix)} ", 1)
-            cur.execute(sql)
+                index_sql = index_sql.replace(f"INDEX {name} ", f"INDEX {sql.q(name + suffix)} ", 1)
+            cur.execute(index_sql)
         for name, definition in shape.others:
-            cur.execute(f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name + suffix)} {definition}")
+            cur.execute(sql.add_constraint(table, name + suffix, definition))
 
 
 def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> list[str]:
@@ -590,7 +520,7 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
         if is_partitioned(table):
             continue
         with connection.cursor() as cur:
-            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)})")
+            cur.execute(sql.has_rows(table))
             (has_rows,) = cur.fetchone() or (False,)
             if has_rows:
                 raise RuntimeError(
@@ -598,15 +528,12 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
                 )
             shape = table_shape(table)
             plain = f"{table}__plain"
-            cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(plain)}")
-            cur.execute(
-                f"CREATE TABLE {_q(table)} (LIKE {_q(plain)} INCLUDING DEFAULTS "
-                f"INCLUDING IDENTITY INCLUDING GENERATED) PARTITION BY RANGE ({KEY})"
-            )
-            cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} SET NOT NULL")
-            cur.execute(f"DROP TABLE {_q(plain)}")
+            cur.execute(sql.rename_table(table, plain))
+            cur.execute(sql.create_partitioned_like(table, plain))
+            cur.execute(sql.key_not_null(table))
+            cur.execute(sql.drop_table(plain))
             apply_shape(table, shape)
-            cur.execute(f"CREATE TABLE {_q(table + '_default')} PARTITION OF {_q(table)} DEFAULT")
+            cur.execute(sql.create_default_partition(table))
             name_indexes(table + "_default")
         converted.append(table)
     if converted:
@@ -621,20 +548,18 @@ def unpartition_empty_tables() -> list[str]:
         if not is_partitioned(table):
             continue
         with connection.cursor() as cur:
-            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(table)})")
+            cur.execute(sql.has_rows(table))
             (has_rows,) = cur.fetchone() or (False,)
             if has_rows:
                 raise RuntimeError(f"{table} has rows: it cannot be turned back automatically")
             shape = table_shape(table)
             part = f"{table}__part"
-            cur.execute(f"ALTER TABLE {_q(table)} RENAME TO {_q(part)}")
-            cur.execute(
-                f"CREATE TABLE {_q(table)} (LIKE {_q(part)} INCLUDING DEFAULTS "
-                f"INCLUDING IDENTITY INCLUDING GENERATED)"
-            )
-            cur.execute(f"DROP TABLE {_q(part)} CASCADE")
+            cur.execute(sql.rename_table(table, part))
+            including = "INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING GENERATED"
+            cur.execute(sql.create_like(table, part, including=including))
+            cur.execute(sql.drop_table(part, cascade=True))
             if table != tables()[0]:  # nullable in the model (rows older than the key)
-                cur.execute(f"ALTER TABLE {_q(table)} ALTER COLUMN {KEY} DROP NOT NULL")
+                cur.execute(sql.key_not_null(table, required=False))
             # Back to the model's keys: drop the partition key from the unique keys.
             plain = Shape(
                 indexes=shape.indexes,
@@ -656,12 +581,8 @@ def unpartition_empty_tables() -> list[str]:
 def apply_shape_plain(table: str, shape: Shape) -> None:
     with connection.cursor() as cur:
         for name, kind, cols in shape.uniques:
-            what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
-            cur.execute(
-                f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name)} {what} "
-                f"({', '.join(_q(c) for c in cols)})"
-            )
-        for _, sql in shape.indexes:
-            cur.execute(re.sub(r" ON (ONLY )?\S+ USING ", f" ON {_q(table)} USING ", sql, count=1))
+            cur.execute(sql.add_key(table, name, kind, cols))
+        for _, index_sql in shape.indexes:
+            cur.execute(_on_table(index_sql, table))
         for name, definition in shape.others:
-            cur.execute(f"ALTER TABLE {_q(table)} ADD CONSTRAINT {_q(name)} {definition}")
+            cur.execute(sql.add_constraint(table, name, definition))

@@ -1,3 +1,3 @@
-"""Django management commands for celery_scheduler."""
+"""Django management commands for celery_scheduler (queries: their raw SQL statements)."""
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from celery_scheduler.core.timemath import Trigger, trigger_of
 from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf, observe
+from django_app.materialize import queries
 from django_app.models import (
     Occurrence,
     OutboxEntry,
@@ -446,22 +447,15 @@ def insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
     columns = list(meta.concrete_fields)
     pk = meta.pk
     assert pk is not None
-    quote = connection.ops.quote_name
-    names = ", ".join(quote(str(f.column)) for f in columns)
     if connection.vendor == "mysql":
-        return _insert_ignore_mysql(meta.db_table, names, columns, pk, rows)
+        return _insert_ignore_mysql(model, columns, pk, rows)
     created: set[Any] = set()
     for start in range(0, len(rows), _INSERT_CHUNK):
         chunk = rows[start : start + _INSERT_CHUNK]
         params: list[Any] = []
         for row in chunk:
             params.extend(_db_value(field, row) for field in columns)
-        one = "(" + ", ".join(["%s"] * len(columns)) + ")"
-        sql = (
-            f"INSERT INTO {quote(meta.db_table)} ({names}) "
-            f"VALUES {', '.join([one] * len(chunk))} "
-            f"ON CONFLICT DO NOTHING RETURNING {quote(str(pk.column))}"
-        )
+        sql = queries.insert_values_returning(model, columns, len(chunk))
         with connection.cursor() as cur:
             cur.execute(sql, params)
             created.update(pk.to_python(value) for (value,) in cur.fetchall())
@@ -469,7 +463,7 @@ def insert_ignore(model: type[Model], rows: list[dict[str, Any]]) -> set[Any]:
 
 
 def _insert_ignore_mysql(
-    table: str, names: str, columns: list[Any], pk: Any, rows: list[dict[str, Any]]
+    model: type[Model], columns: list[Any], pk: Any, rows: list[dict[str, Any]]
 ) -> set[Any]:
     """MySQL 8 / MariaDB: ``INSERT IGNORE`` one row at a time; a row count of 1 means created.
 
@@ -479,9 +473,7 @@ def _insert_ignore_mysql(
     same ``INSERT IGNORE``.) A row per statement is the price of the portable path; the
     per-schedule materializer writes a handful of rows per schedule and pass.
     """
-    quote = connection.ops.quote_name
-    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
-    sql = f"INSERT IGNORE INTO {quote(table)} ({names}) VALUES {one}"
+    sql = queries.insert_ignore_one(model, columns)
     created: set[Any] = set()
     with connection.cursor() as cur:
         for row in rows:

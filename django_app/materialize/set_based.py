@@ -42,7 +42,8 @@ from celery_scheduler.errors import SchedulerError
 from celery_scheduler.faults import fault_point
 from django_app import conf, observe
 from django_app.materialize import per_schedule as single
-from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleCursor, ShardLease, Tenant
+from django_app.materialize import queries
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -325,18 +326,13 @@ def _pg_type(field: Any) -> str:
 def insert_ignore(model: Any, rows: list[dict[str, Any]]) -> set[Any]:
     """``INSERT ... ON CONFLICT DO NOTHING RETURNING pk`` of ``rows``; returns the pks
     inserted (see :func:`_insert_sql` for the statement's shape)."""
-    pk = model._meta.pk
     created: set[Any] = set()
     for start in range(0, len(rows), INSERT_CHUNK):
         sql, params = _insert_sql(model, rows[start : start + INSERT_CHUNK], skip={})
         with connection.cursor() as cur:
-            cur.execute(f"{sql} ON CONFLICT DO NOTHING RETURNING {_quote(pk.column)}", params)
+            cur.execute(queries.returning_created(sql, model), params)
             created.update(value for (value,) in cur.fetchall())
     return created
-
-
-def _quote(name: str) -> str:
-    return str(connection.ops.quote_name(name))
 
 
 def _insert_sql(
@@ -362,15 +358,14 @@ def _insert_sql(
                 constant.append((field, first))
         else:
             varying.append((field, values))
-    names = ", ".join(_quote(f.column) for f, _ in varying + constant)
-    arrays = ", ".join(f"%s::{_pg_type(f)}[]" for f, _ in varying)
-    scalars = "".join(f", %s::{_pg_type(f)}" for f, _ in constant)
-    if varying:
-        source = f"SELECT v.*{scalars} FROM unnest({arrays}) AS v"
-    else:
-        source = f"SELECT {scalars[2:]} FROM generate_series(1, {len(chunk)})"
+    sql = queries.insert_from_arrays(
+        model,
+        [(f, _pg_type(f)) for f, _ in varying],
+        [(f, _pg_type(f)) for f, _ in constant],
+        len(chunk),
+    )
     params = [v for _, v in constant] + [v for _, v in varying]  # placeholder order
-    return f"INSERT INTO {_quote(model._meta.db_table)} ({names}) {source}", params
+    return sql, params
 
 
 def _insert_outbox(
@@ -397,20 +392,14 @@ def _insert_outbox(
 def _advance(planned: list[_Planned], *, now: datetime) -> int:
     """The conditional cursor UPDATE for the whole batch (the narrow cursor rows only);
     then the schedules with no further fire time COMPLETE. Returns how many did."""
-    table = connection.ops.quote_name(ScheduleCursor._meta.db_table)
-    ids = [p.schedule.id for p in planned]
-    versions = [p.schedule.version for p in planned]
-    cursors = [p.schedule.next_run_at for p in planned]
-    nexts = [p.plan.next_cursor for p in planned]
-    sql = (
-        f"UPDATE {table} AS c SET next_run_at = v.next, active = v.next IS NOT NULL "
-        "FROM unnest(%s::uuid[], %s::integer[], %s::timestamptz[], %s::timestamptz[]) "
-        "AS v(id, version, cursor, next) "
-        "WHERE c.schedule_id = v.id AND c.version = v.version AND c.next_run_at = v.cursor "
-        "AND c.active"
-    )
+    params: dict[str, Any] = {
+        "ids": [p.schedule.id for p in planned],
+        "versions": [p.schedule.version for p in planned],
+        "cursors": [p.schedule.next_run_at for p in planned],
+        "nexts": [p.plan.next_cursor for p in planned],
+    }
     with connection.cursor() as cur:
-        cur.execute(sql, [ids, versions, cursors, nexts])
+        cur.execute(queries.advance(), params)
         moved = cur.rowcount
     if moved != len(planned):
         raise _BatchRejected(f"cursor UPDATE matched {moved} of {len(planned)} schedule(s)")

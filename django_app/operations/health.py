@@ -29,6 +29,7 @@ from django.db.models import Count, Min
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from django_app import conf
+from django_app.db import queries
 from django_app.models import BeatNode, Occurrence, OutboxEntry, Schedule, ShardLease
 
 #: Status's bound for an ENQUEUED occurrence's wait for a claim while redelivery is off
@@ -274,7 +275,7 @@ def _within(timeout: float, check: Callable[[], None]) -> tuple[bool, str]:
 def _ping_database() -> None:
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+            cursor.execute(queries.PING)
     finally:
         close_old_connections()
         connection.close()  # this thread's connection: never leave it open

@@ -53,7 +53,9 @@ from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher
 from celery_scheduler.stopping import stop_deferred
 from django_app import conf, observe
+from django_app.db import queries as db_queries
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.relay import queries
 from django_app.tenancy import quotas
 
 logger = logging.getLogger(__name__)
@@ -116,15 +118,15 @@ def bound_relay_transaction(settings: conf.SchedulerSettings) -> bool:
             ]
         with connection.cursor() as cur:
             # One statement: the old values are read before any is changed.
-            cur.execute("SET " + ", ".join(sets))
+            cur.execute(queries.mysql_set(sets))
         return True
     if connection.vendor != "postgresql":
         return False
     with connection.cursor() as cur:
-        cur.execute(f"SET LOCAL lock_timeout = {max(1, int(cfg.publish_timeout_seconds * 1000))}")
+        cur.execute(db_queries.lock_timeout(max(1, int(cfg.publish_timeout_seconds * 1000))))
         if len(connection.atomic_blocks) == 1:
             ms = int(idle_bound(cfg) * 1000)
-            cur.execute(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
+            cur.execute(db_queries.idle_timeout(ms))
     return False
 
 
@@ -181,7 +183,7 @@ def _restore_session_bounds(outermost: bool) -> None:
         sets.append(f"SESSION {idle} = @celery_scheduler_idle")
     try:
         with connection.cursor() as cur:
-            cur.execute("SET " + ", ".join(sets))
+            cur.execute(queries.mysql_set(sets))
     except DatabaseError:
         # The server ended the session (the bound did its job) or the connection broke: a
         # session left with the relay's short bounds must not serve the caller's next work.
@@ -195,7 +197,7 @@ def keepalive() -> None:
     fails at once if the server already ended it (the caller then publishes nothing)."""
     if connection.vendor in ("postgresql", "mysql") and connection.in_atomic_block:
         with connection.cursor() as cur:
-            cur.execute("SELECT 1")
+            cur.execute(db_queries.PING)
 
 
 class Pulse:

@@ -68,6 +68,7 @@ from celery_scheduler.publishers import OccurrenceMessage, Publisher, preparing
 from celery_scheduler.stopping import StopDeferral, stop_deferred
 from django_app import conf, observe
 from django_app.models import OutboxEntry, Tenant
+from django_app.relay import queries
 from django_app.relay.batch import (
     PUBLISHABLE,
     PULSE_ROWS,
@@ -81,21 +82,9 @@ from django_app.relay.batch import (
     no_cyclic_gc,
     relay_due,
 )
-from django_app.relay.burst_queries import (
+from django_app.relay.burst_rows import (
     CANCEL_FROM,
-    CANCEL_STALE_SQL,
-    CLAIM_SQL,
-    DROP_SQL,
     ENQUEUE_FROM,
-    FENCE_SQL,
-    LOCK_SQL,
-    MARK_OCCURRENCE_SQL,
-    MARK_OUTBOX_SQL,
-    READ_SQL,
-    RELEASE_SQL,
-    SHARDS,
-    UNSENT_SQL,
-    VERSIONS_SQL,
     BurstStats,
     HeldRow,
     Wave,
@@ -263,7 +252,7 @@ class BurstRelay:
             until = now + window
             with transaction.atomic(), connection.cursor() as cur:
                 cur.execute(
-                    CLAIM_SQL.format(shards="" if self.shards is None else SHARDS),
+                    queries.claim(sharded=self.shards is not None),
                     {
                         "token": self.token,
                         "lease": self.settings.claim_grace_seconds,
@@ -321,7 +310,9 @@ class BurstRelay:
         meta: list[tuple[int, int]] = []
         for start in range(0, len(claimed), SQL_CHUNK):
             with connection.cursor() as cur:
-                cur.execute(READ_SQL, [[c[0] for c in claimed[start : start + SQL_CHUNK]]])
+                cur.execute(
+                    queries.read(), {"ids": [c[0] for c in claimed[start : start + SQL_CHUNK]]}
+                )
                 for (
                     outbox_id,
                     occ_id,
@@ -647,7 +638,7 @@ class BurstRelay:
         if self.shard_fencing is None or not shards:
             return set()
         with connection.cursor() as cur:
-            cur.execute(FENCE_SQL, [sorted(shards)])
+            cur.execute(queries.fence(), {"shards": sorted(shards)})
             current = dict(cur.fetchall())
         return {s for s in shards if current.get(s) != self.shard_fencing.get(s)}
 
@@ -657,7 +648,7 @@ class BurstRelay:
         states: dict[uuid.UUID, tuple[Any, ...]] = {}
         with connection.cursor() as cur:
             for chunk in in_pieces(occurrence_ids, pulse):
-                cur.execute(LOCK_SQL, [chunk])
+                cur.execute(queries.lock(), {"ids": chunk})
                 states.update((row[0], row[1:]) for row in fetch_pulsing(cur, pulse))
         return states
 
@@ -673,10 +664,10 @@ class BurstRelay:
         unsent: set[int] = set()
         with connection.cursor() as cur:
             for chunk in in_pieces(schedule_ids, pulse):
-                cur.execute(VERSIONS_SQL, [chunk])
+                cur.execute(queries.versions(), {"ids": chunk})
                 versions.update(fetch_pulsing(cur, pulse))
             for chunk in in_pieces(outbox_ids, pulse):
-                cur.execute(UNSENT_SQL, [chunk])
+                cur.execute(queries.unsent(), {"ids": chunk})
                 unsent.update(i for (i,) in fetch_pulsing(cur, pulse))
         return versions, unsent
 
@@ -686,12 +677,18 @@ class BurstRelay:
         with connection.cursor() as cur:
             for chunk in in_pieces(stale, pulse):
                 cur.execute(
-                    CANCEL_STALE_SQL,
-                    [OccurrenceState.CANCELED.value, now, reason, chunk, CANCEL_FROM],
+                    queries.cancel_stale(),
+                    {
+                        "state": OccurrenceState.CANCELED.value,
+                        "now": now,
+                        "reason": reason,
+                        "ids": chunk,
+                        "sources": CANCEL_FROM,
+                    },
                 )
                 invalidated += cur.rowcount
             for ids in in_pieces(sorted(drop), pulse):
-                cur.execute(DROP_SQL, [now, ids])
+                cur.execute(queries.drop(), {"now": now, "ids": ids})
         return invalidated
 
     def _publish_at_times(
@@ -779,10 +776,16 @@ class BurstRelay:
         with connection.cursor() as cur:
             for piece in in_pieces(sent, pulse):
                 outbox_ids, occ_ids, times = zip(*piece, strict=True)
-                cur.execute(MARK_OUTBOX_SQL, [list(outbox_ids), list(times)])
+                cur.execute(queries.mark_outbox(), {"ids": list(outbox_ids), "times": list(times)})
                 marked += cur.rowcount
                 cur.execute(
-                    MARK_OCCURRENCE_SQL, [enqueued, list(occ_ids), list(times), ENQUEUE_FROM]
+                    queries.mark_occurrence(),
+                    {
+                        "state": enqueued,
+                        "ids": list(occ_ids),
+                        "times": list(times),
+                        "sources": ENQUEUE_FROM,
+                    },
                 )
         self.stats.add("mark", len(sent), started)
         return marked
@@ -798,7 +801,10 @@ class BurstRelay:
         ids = sorted(ids)  # in id order, as the marks (see _mark)
         for start in range(0, len(ids), SQL_CHUNK):
             with connection.cursor() as cur:
-                cur.execute(RELEASE_SQL, [ids[start : start + SQL_CHUNK], self.token])
+                cur.execute(
+                    queries.release(),
+                    {"ids": ids[start : start + SQL_CHUNK], "token": self.token},
+                )
                 released += cur.rowcount
         return released
 

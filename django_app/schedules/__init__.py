@@ -4,5 +4,6 @@ lifecycle: create, update, pause, resume, cancel, run now; validation: caller in
 checked spec; bulk_create: create/sync many in one call; bulk_actions: pause/resume/cancel
 by filter; reads: describe and list; replan: where a new version starts; skips: skip one
 fire time; backfill: run a past range once; beat_schedule: sync Celery's static
-``beat_schedule``; audit: the API's audit trail.
+``beat_schedule``; audit: the API's audit trail; queries: the raw SQL statements of the
+PostgreSQL create paths, named.
 """

@@ -42,7 +42,7 @@ from django_app.models import (
     ScheduleVersion,
     Tenant,
 )
-from django_app.schedules import audited, lifecycle, validation
+from django_app.schedules import audited, lifecycle, queries, validation
 
 #: Rows per insert statement (and per key lookup): big enough that a round trip is cheap
 #: per row, small enough to keep one statement's memory modest.
@@ -125,13 +125,9 @@ def _existing_by_key(tenant: Tenant, keys: Sequence[str]) -> dict[str, tuple[uui
     found: dict[str, tuple[uuid.UUID, str]] = {}
     for chunk in _chunks(sorted(set(keys))):
         if connection.vendor == "postgresql":
-            # One array parameter, not an IN list of 5,000: building and converting that
-            # list cost more client time per item than the rest of the lookup.
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"SELECT idempotency_key, id, content_hash FROM {Schedule._meta.db_table} "
-                    "WHERE tenant_id = %s AND idempotency_key = ANY(%s)",
-                    [tenant.pk, list(chunk)],
+                    queries.existing_by_key(), {"tenant": tenant.pk, "keys": list(chunk)}
                 )
                 rows: Iterable[tuple[Any, Any, Any]] = cursor.fetchall()
         else:
@@ -252,18 +248,13 @@ def _audit_pg(entry: dict[str, Any], ids: Sequence[uuid.UUID]) -> None:
     ``COPY`` row (eight encoded values) per item. ``WITH ORDINALITY`` keeps the entries' ids
     in item order, as the rows were sent before.
     """
-    table = connection.ops.quote_name(AuditEntry._meta.db_table)
-    statement = (
-        f"INSERT INTO {table} (at, tenant_id, schedule_id, occurrence_id, action, actor, "
-        "reason, detail) SELECT %s, %s, s.id, NULL, %s, %s, %s, '{}'::jsonb "
-        "FROM unnest(%s::uuid[]) WITH ORDINALITY AS s(id, n) ORDER BY s.n"
-    )
+    statement = queries.audit_many()
     with connection.cursor() as cursor:
         for chunk in _chunks(ids):
             cursor.execute(
                 statement,
-                [entry["at"], entry["tenant_id"], entry["action"], entry["actor"],
-                 entry["reason"], list(chunk)],
+                {"at": entry["at"], "tenant": entry["tenant_id"], "action": entry["action"],
+                 "actor": entry["actor"], "reason": entry["reason"], "ids": list(chunk)},
             )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models
 
 from django_app.models import AuditEntry, Schedule, ScheduleVersion, cursor_values
+from django_app.schedules import queries
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,15 @@ def create(
         rows["audit"] = _row(audit)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT o_outcome, o_schedule_id, o_tenant_id, o_live, o_max_schedules "
-            "FROM django_app_create_schedule(%s, %s, %s, %s::jsonb, %s::text[], %s::text[])",
-            [
-                tenant_slug,
-                schedule.idempotency_key,
-                schedule.content_hash,
-                json.dumps(rows, cls=DjangoJSONEncoder),
-                [key for key, _ in tags],
-                [value for _, value in tags],
-            ],
+            queries.CREATE_SCHEDULE,
+            {
+                "tenant": tenant_slug,
+                "key": schedule.idempotency_key,
+                "hash": schedule.content_hash,
+                "rows": json.dumps(rows, cls=DjangoJSONEncoder),
+                "tag_keys": [key for key, _ in tags],
+                "tag_values": [value for _, value in tags],
+            },
         )
         row = cursor.fetchone()
     return Outcome(*row)

@@ -44,20 +44,11 @@ from django.db.models.functions import Cast, Greatest, RowNumber
 
 from django_app import observe
 from django_app.models import Occurrence, OutboxEntry, Tenant
-from django_app.tenancy import budget
+from django_app.tenancy import budget, queries
 
 #: The ranked sub-select holds this many batches, so that many racing relays (PostgreSQL)
 #: can each lock a full batch while skipping the rows the others hold.
 POOL_FACTOR = 4
-
-_OUTER_LOCK_SQL = f"""
-SELECT o.id FROM {OutboxEntry._meta.db_table} o JOIN ({{ranked}}) r ON r.id = o.id
-WHERE o.sent_at IS NULL AND o.available_at <= %s
-  AND (o.claimed_by = '' OR o.claimed_by = %s OR o.claim_expires_at IS NULL
-       OR o.claim_expires_at < %s)
-ORDER BY r.fair, r.available_at, r.priority DESC, r.id
-LIMIT %s FOR UPDATE{{of}} SKIP LOCKED
-"""
 
 
 def fair_rank() -> CombinedExpression:
@@ -94,12 +85,7 @@ def take_fair_batch(
     pool = ranked[: size * POOL_FACTOR]
     sql, params = pool.query.sql_with_params()
     with connection.cursor() as cursor:
-        # MariaDB has no ``FOR UPDATE OF``; its locking read locks the outer query's tables
-        # only (here the outbox), not those the ranked sub-select reads.
-        of = " OF o" if connection.features.has_select_for_update_of else ""
-        cursor.execute(
-            _OUTER_LOCK_SQL.format(ranked=sql, of=of), (*params, until, token, now, size)
-        )
+        cursor.execute(queries.fair_lock(sql), (*params, until, token, now, size))
         return [row[0] for row in cursor.fetchall()]
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 from django.db import connection
 
+from django_app.worker import queries
+
 #: PostgreSQL claims in one call of ``django_app_claim()`` when the claim is the common
 #: one (tests turn it off to run the portable path on PostgreSQL too).
 ONE_STATEMENT_CLAIM = True
@@ -56,14 +58,9 @@ def applies() -> bool:
 def claim(occurrence_id: uuid.UUID, worker: str, now: datetime, lease: timedelta) -> Claimed | None:
     """Claim ``occurrence_id`` for ``worker`` at ``now`` if the claim is the common one;
     None (nothing written) when the portable claim must decide."""
-    params: list[Any] = [occurrence_id, worker, now, lease]
+    params: dict[str, Any] = {"id": occurrence_id, "worker": worker, "now": now, "lease": lease}
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT o_outcome, o_token, o_number, o_last_dead, o_tenant_id, o_tenant, "
-            "o_max_attempts, o_deadline_seconds, o_timezone, o_scheduled_for, o_state, "
-            "o_enqueued_at, o_retry_at FROM django_app_claim(%s, %s, %s, %s)",
-            params,
-        )
+        cursor.execute(queries.CLAIM, params)
         row = cursor.fetchone()
     if row is None or row[0] != "claimed":
         return None

@@ -36,16 +36,7 @@ from django.db import connection
 
 from celery_scheduler.core.enums import AttemptOutcome
 from celery_scheduler.core.enums import OccurrenceState as S
-
-# The statement lives in ``django_app_complete()`` (migration 0022): PL/pgSQL keeps its
-# plan for the session, where the same text sent each time was planned on every call. The
-# schedule is read, not locked: the portable path reads pause_after_failures unlocked too,
-# and locks the schedule only when it is set (then the statement changes nothing).
-_SQL = (
-    "SELECT o_moved, o_counts, o_released, o_sync FROM django_app_complete("
-    "%(id)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, %(state)s, %(running)s, "
-    "%(outcome)s)"
-)
+from django_app.worker import queries
 
 
 def complete(
@@ -66,7 +57,7 @@ def complete(
         "owner": slot_owner,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_SQL, params)
+        cursor.execute(queries.COMPLETE, params)
         row = cursor.fetchone()
     if not row:
         return False, False, []

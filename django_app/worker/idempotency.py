@@ -25,6 +25,7 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.tasks import current_fence, idempotency_context
 from django_app.models import IdempotencyRecord, Occurrence, Tenant
+from django_app.worker import queries
 
 logger = logging.getLogger("celery_scheduler.idempotency")
 
@@ -142,12 +143,6 @@ def _tenant_label(tenant_id: int | None) -> str:
     return slug if slug is not None else f"#{tenant_id}"
 
 
-_INSERT_KEY = (
-    "INSERT INTO {table} (tenant_id, task_name, key, occurrence_id, task_id, created_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1"
-)
-
-
 def _insert_key(namespace: dict[str, Any], occurrence_id: str | None, task_id: str) -> bool:
     """Insert the key's record; False if the key is already done (the unique index says).
 
@@ -156,15 +151,13 @@ def _insert_key(namespace: dict[str, Any], occurrence_id: str | None, task_id: s
     and its IntegrityError is the answer.
     """
     if connection.vendor == "postgresql":
-        table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+        params = {
+            "tenant": namespace["tenant_id"], "task_name": namespace["task_name"],
+            "key": namespace["key"], "id": occurrence_id, "task_id": task_id,
+            "now": SYSTEM_CLOCK.now(),
+        }  # fmt: skip
         with connection.cursor() as cursor:
-            cursor.execute(
-                _INSERT_KEY.format(table=table),
-                [
-                    namespace["tenant_id"], namespace["task_name"], namespace["key"],
-                    occurrence_id, task_id, SYSTEM_CLOCK.now(),
-                ],
-            )  # fmt: skip
+            cursor.execute(queries.insert_key(), params)
             return cursor.fetchone() is not None
     try:
         with transaction.atomic():
@@ -176,34 +169,13 @@ def _insert_key(namespace: dict[str, Any], occurrence_id: str | None, task_id: s
     return True
 
 
-# The result's update and the fence's lock in one statement: the record is this
-# transaction's own insert (nobody else can hold it), so their order does not matter.
-_STORE_FENCED = """
-WITH stored AS (
-    UPDATE {record} SET result = %(result)s::jsonb
-    WHERE {tenant} AND task_name = %(task_name)s AND key = %(key)s
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM stored), count(*) FROM (
-    SELECT 1 FROM {occurrence}
-    WHERE id = %(id)s AND fencing_token = %(token)s AND state = %(running)s
-        AND lease_expires_at > %(now)s
-    FOR UPDATE
-) AS fence
-"""
-
-
 def _store_fenced(
     namespace: dict[str, Any], result: Any, occurrence_id: str, fence: tuple[int, Any]
 ) -> bool:
     """PostgreSQL: store the result and take the fence's lock (what
     :func:`_require_current_claim` takes) in one round trip; False if the claim is stale."""
     token, clock = fence
-    sql = _STORE_FENCED.format(
-        record=connection.ops.quote_name(IdempotencyRecord._meta.db_table),
-        occurrence=connection.ops.quote_name(Occurrence._meta.db_table),
-        tenant="tenant_id IS NULL" if namespace["tenant_id"] is None else "tenant_id = %(tenant)s",
-    )
+    sql = queries.store_fenced(tenant_is_null=namespace["tenant_id"] is None)
     params = {
         "result": None if result is None else json.dumps(result),  # JSON null: SQL NULL
         "tenant": namespace["tenant_id"], "task_name": namespace["task_name"],

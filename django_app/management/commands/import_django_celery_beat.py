@@ -41,24 +41,12 @@ from django.utils.dateparse import parse_datetime
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
+from django_app.management import queries
 from django_app.models import Schedule
 from django_app.schedules import lifecycle, validation
 
 PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
 
-_QUERY = """
-SELECT t.id, t.name, t.task, t.args, t.kwargs, t.queue, t.priority, t.one_off, t.enabled,
-       t.start_time, t.expires, t.expire_seconds, t.last_run_at, t.total_run_count,
-       t.exchange, t.routing_key, t.headers, t.description,
-       i.every, i.period,
-       c.minute, c.hour, c.day_of_month, c.month_of_year, c.day_of_week, c.timezone,
-       k.clocked_time, t.solar_id
-FROM django_celery_beat_periodictask t
-LEFT JOIN django_celery_beat_intervalschedule i ON i.id = t.interval_id
-LEFT JOIN django_celery_beat_crontabschedule c ON c.id = t.crontab_id
-LEFT JOIN django_celery_beat_clockedschedule k ON k.id = t.clocked_id
-ORDER BY t.id
-"""
 _COLUMNS = (
     "id name task args kwargs queue priority one_off enabled start_time expires expire_seconds "
     "last_run_at total_run_count exchange routing_key headers description "
@@ -236,13 +224,13 @@ class Command(BaseCommand):
                 lifecycle.resolve_tenant(options["tenant"])
             except errors.ValidationError as exc:
                 raise CommandError(f"--tenant: {exc}") from exc
-        if "django_celery_beat_periodictask" not in tables:
+        if queries.DCB_PERIODIC_TASK not in tables:
             raise CommandError(
                 "django-celery-beat's tables are not in this database "
                 "(django_celery_beat_periodictask is missing); nothing to import"
             )
         with connection.cursor() as cursor:
-            cursor.execute(_QUERY)
+            cursor.execute(queries.dcb_tasks())
             rows = [dict(zip(_COLUMNS, values, strict=True)) for values in cursor.fetchall()]
         dry_run = options["dry_run"]
         verb = "would create" if dry_run else "created"

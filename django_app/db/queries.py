@@ -1,0 +1,313 @@
+"""The raw SQL statements of the database plumbing, named: session bounds every package
+uses, and the PostgreSQL partition maintenance (:mod:`~django_app.db.partitions`,
+:mod:`~django_app.db.convert`).
+
+One placeholder style: ``%(name)s``, with a dict of parameters. A statement PostgreSQL
+does not plan (``SET``, ``LOCK``, ``CREATE``/``ALTER``/``DROP``) takes no parameters: its
+values are names quoted with ``connection.ops.quote_name`` or integers formatted in by the
+builder. Table names come from the models (``Model._meta.db_table``, via
+:func:`django_app.db.partitions.tables`) or from the catalog (partitions), quoted here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+from django_app.models import Occurrence, ScheduleCursor
+
+
+def q(name: str) -> str:
+    """``name`` quoted as an identifier for the current connection."""
+    return str(connection.ops.quote_name(name))
+
+
+#: Any database: a no-op statement. It checks that the connection works (health probes),
+#: and keeps a held transaction's session from counting as idle (the relay), failing at
+#: once if the server already ended it.
+PING = "SELECT 1"
+
+
+# -- session bounds (PostgreSQL) -------------------------------------------------------------
+
+
+def lock_timeout(ms: int) -> str:
+    """PostgreSQL: bound the current transaction's lock waits to ``ms`` milliseconds."""
+    return f"SET LOCAL lock_timeout = {int(ms)}"
+
+
+def statement_timeout(ms: int) -> str:
+    """PostgreSQL: bound the current transaction's statements to ``ms`` milliseconds."""
+    return f"SET LOCAL statement_timeout = {int(ms)}"
+
+
+def idle_timeout(ms: int) -> str:
+    """PostgreSQL: end the session if the current transaction sits idle ``ms`` milliseconds."""
+    return f"SET LOCAL idle_in_transaction_session_timeout = {int(ms)}"
+
+
+#: PostgreSQL: the current transaction reads and writes times in UTC.
+UTC = "SET LOCAL TimeZone = 'UTC'"
+
+
+#: PostgreSQL: foreign key checks deferred in this transaction run now.
+CONSTRAINTS_IMMEDIATE = "SET CONSTRAINTS ALL IMMEDIATE"
+
+
+# -- partition maintenance (PostgreSQL) ------------------------------------------------------
+
+#: The partition key of the occurrence, attempt and outbox tables (the model's column).
+KEY = str(Occurrence._meta.get_field("scheduled_for").column)
+
+#: Whether the visible table named ``table`` is a partitioned table.
+IS_PARTITIONED = (
+    "SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
+    "WHERE c.relname = %(table)s AND pg_table_is_visible(c.oid)"
+)
+#: ``table``'s partitions: (name, bound expression).
+PARTITIONS_OF = (
+    "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+    "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %(table)s::regclass"
+)
+#: Wait for the transaction-scoped advisory lock ``key``.
+ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
+#: Take the transaction-scoped advisory lock ``key`` if free; returns whether it did.
+TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+#: ``table``'s indexes inherited from its parent's: (index name, parent index name).
+INHERITED_INDEXES = (
+    "SELECT ci.relname, pi.relname FROM pg_index x JOIN pg_class ci ON ci.oid = "
+    "x.indexrelid JOIN pg_inherits h ON h.inhrelid = ci.oid JOIN pg_class pi ON "
+    "pi.oid = h.inhparent WHERE x.indrelid = %(table)s::regclass"
+)
+#: ``table``'s columns, in order.
+COLUMNS = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = %(table)s::regclass AND attnum > 0 "
+    "AND NOT attisdropped ORDER BY attnum"
+)
+#: ``table``'s indexes that back no constraint: (name, CREATE INDEX statement).
+PLAIN_INDEXES = (
+    "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
+    "JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = %(table)s::regclass "
+    "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid "
+    "AND c.conrelid = x.indrelid) ORDER BY i.relname"
+)
+#: ``table``'s primary key and unique constraints: (name, kind 'p'/'u', columns).
+UNIQUE_CONSTRAINTS = (
+    "SELECT c.conname, c.contype, array(SELECT a.attname FROM unnest(c.conkey) "
+    "WITH ORDINALITY k(n, o) JOIN pg_attribute a ON a.attrelid = c.conrelid "
+    "AND a.attnum = k.n ORDER BY k.o) FROM pg_constraint c "
+    "WHERE c.conrelid = %(table)s::regclass AND c.contype IN ('p', 'u') ORDER BY c.conname"
+)
+#: ``table``'s foreign keys and checks: (name, definition).
+OTHER_CONSTRAINTS = (
+    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+    "WHERE conrelid = %(table)s::regclass AND contype IN ('f', 'c') ORDER BY conname"
+)
+#: ``table``'s identity column, if any.
+IDENTITY_COLUMN = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = %(table)s::regclass AND attidentity <> ''"
+)
+#: Whether a relation named ``name`` exists.
+EXISTS_RELATION = "SELECT to_regclass(%(name)s) IS NOT NULL"
+
+
+def lock_exclusive(table: str) -> str:
+    """ACCESS EXCLUSIVE on ``table`` (and so its partitions) until the transaction ends."""
+    return f"LOCK TABLE {q(table)} IN ACCESS EXCLUSIVE MODE"
+
+
+def create_partition(table: str, name: str) -> str:
+    """Partition ``name`` of ``table`` for ``[start, end)``."""
+    return (
+        f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%(start)s) TO (%(end)s)"
+    )
+
+
+def create_default_partition(table: str) -> str:
+    """``table``'s DEFAULT partition, ``<table>_default``."""
+    return f"CREATE TABLE {q(table + '_default')} PARTITION OF {q(table)} DEFAULT"
+
+
+def attach_partition(table: str, name: str) -> str:
+    """Attach ``name`` to ``table`` for ``[start, end)``."""
+    return (
+        f"ALTER TABLE {q(table)} ATTACH PARTITION {q(name)} "
+        "FOR VALUES FROM (%(start)s) TO (%(end)s)"
+    )
+
+
+def attach_history(table: str, name: str) -> str:
+    """Attach ``name`` to ``table`` for ``[MINVALUE, end)``."""
+    return (
+        f"ALTER TABLE {q(table)} ATTACH PARTITION {q(name)} FOR VALUES FROM (MINVALUE) TO (%(end)s)"
+    )
+
+
+def detach_partition(table: str, name: str) -> str:
+    return f"ALTER TABLE {q(table)} DETACH PARTITION {q(name)}"
+
+
+def count_range(table: str) -> str:
+    """The rows of ``table`` keyed in ``[start, end)``."""
+    return f"SELECT count(*) FROM {q(table)} WHERE {KEY} >= %(start)s AND {KEY} < %(end)s"
+
+
+def count_all(table: str) -> str:
+    return f"SELECT count(*) FROM {q(table)}"
+
+
+def has_rows(table: str) -> str:
+    return f"SELECT EXISTS (SELECT 1 FROM {q(table)})"
+
+
+def create_like(name: str, table: str, *, including: str) -> str:
+    """A plain table ``name`` shaped like ``table`` (``including``: the LIKE options)."""
+    return f"CREATE TABLE {q(name)} (LIKE {q(table)} {including})"
+
+
+def create_partitioned_like(name: str, table: str) -> str:
+    """An empty table ``name`` shaped like ``table``, partitioned by range of the key."""
+    return (
+        f"CREATE TABLE {q(name)} (LIKE {q(table)} INCLUDING DEFAULTS "
+        f"INCLUDING IDENTITY INCLUDING GENERATED) PARTITION BY RANGE ({KEY})"
+    )
+
+
+def move_range(source: str, target: str, columns: list[str]) -> str:
+    """Move the rows of ``source`` keyed in ``[start, end)`` into ``target``."""
+    cols = ", ".join(q(c) for c in columns)
+    return (
+        f"WITH moved AS (DELETE FROM {q(source)} WHERE {KEY} >= %(start)s AND {KEY} < %(end)s "
+        f"RETURNING {cols}) INSERT INTO {q(target)} ({cols}) SELECT {cols} FROM moved"
+    )
+
+
+def copy_rows(target: str, source: str, columns: list[str], *, where: str = "") -> str:
+    """Insert ``source``'s rows (those with ``where``'s column ``= ANY(ids)`` if given) into
+    ``target``."""
+    cols = ", ".join(q(c) for c in columns)
+    sql = f"INSERT INTO {q(target)} ({cols}) SELECT {cols} FROM {q(source)}"
+    return f"{sql} WHERE {where} = ANY(%(ids)s)" if where else sql
+
+
+def route_back(target: str, hold: str, columns: list[str]) -> str:
+    """Insert the rows held in ``hold`` into ``target`` (through its partitioning), then
+    drop ``hold``."""
+    return f"{copy_rows(target, hold, columns)}; DROP TABLE {q(hold)}"
+
+
+def drop_table(table: str, *, cascade: bool = False) -> str:
+    return f"DROP TABLE {q(table)}" + (" CASCADE" if cascade else "")
+
+
+def rename_table(table: str, name: str) -> str:
+    return f"ALTER TABLE {q(table)} RENAME TO {q(name)}"
+
+
+def rename_index(index: str, name: str) -> str:
+    return f"ALTER INDEX {q(index)} RENAME TO {q(name)}"
+
+
+def key_not_null(table: str, *, required: bool = True) -> str:
+    """``table``'s key column made NOT NULL (``required``) or nullable again."""
+    what = "SET" if required else "DROP"
+    return f"ALTER TABLE {q(table)} ALTER COLUMN {KEY} {what} NOT NULL"
+
+
+def add_constraint(table: str, name: str, definition: str) -> str:
+    return f"ALTER TABLE {q(table)} ADD CONSTRAINT {q(name)} {definition}"
+
+
+def add_key(table: str, name: str, kind: str, columns: list[str]) -> str:
+    """A primary key (``kind`` 'p') or unique constraint over ``columns``."""
+    what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+    return add_constraint(table, name, f"{what} ({', '.join(q(c) for c in columns)})")
+
+
+def add_key_using_index(table: str, name: str, kind: str, index: str) -> str:
+    """A primary key (``kind`` 'p') or unique constraint over the prebuilt ``index``."""
+    what = "PRIMARY KEY" if kind == "p" else "UNIQUE"
+    return add_constraint(table, name, f"{what} USING INDEX {q(index)}")
+
+
+def drop_constraint(table: str, name: str, *, if_exists: bool = False) -> str:
+    guard = "IF EXISTS " if if_exists else ""
+    return f"ALTER TABLE {q(table)} DROP CONSTRAINT {guard}{q(name)}"
+
+
+def validate_constraint(table: str, name: str) -> str:
+    return f"ALTER TABLE {q(table)} VALIDATE CONSTRAINT {q(name)}"
+
+
+def unique_index_concurrently(name: str, table: str, columns: list[str]) -> str:
+    """Build the unique index ``name`` on ``columns`` while reads and writes go on."""
+    cols = ", ".join(q(c) for c in columns)
+    return f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {q(name)} ON {q(table)} ({cols})"
+
+
+def range_check(table: str, name: str, boundary: datetime) -> str:
+    """``CHECK (key IS NOT NULL AND key < boundary) NOT VALID`` (no scan; the boundary is a
+    literal: a check constraint takes no parameter)."""
+    literal = f"'{boundary.isoformat()}'::timestamptz"
+    return add_constraint(table, name, f"CHECK ({KEY} IS NOT NULL AND {KEY} < {literal}) NOT VALID")
+
+
+def set_aside(table: str, hold: str, columns: list[str]) -> str:
+    """Move ``table``'s rows keyed at or after ``boundary`` into ``hold``; returns how many."""
+    names = ", ".join(q(c) for c in columns)
+    return (
+        f"WITH m AS (DELETE FROM {q(table)} WHERE {KEY} >= %(boundary)s RETURNING {names}) "
+        f", i AS (INSERT INTO {q(hold)} ({names}) SELECT {names} FROM m RETURNING 1) "
+        f"SELECT count(*) FROM i"
+    )
+
+
+def backfill_key(table: str, occurrence: str, batch: int) -> str:
+    """Copy the key from each row's occurrence onto up to ``batch`` rows of ``table`` that
+    lack it (rows locked by others skipped); returns how many."""
+    return (
+        f"WITH b AS (SELECT id FROM {q(table)} WHERE {KEY} IS NULL LIMIT {int(batch)} "
+        f"FOR UPDATE SKIP LOCKED), u AS (UPDATE {q(table)} t SET {KEY} = o.{KEY} "
+        f"FROM b, {q(occurrence)} o WHERE t.id = b.id AND o.id = t.occurrence_id "
+        f"RETURNING 1) SELECT count(*) FROM u"
+    )
+
+
+def backfill_key_from(table: str, column: str) -> str:
+    """The key of ``table``'s rows still without one, from their own ``column``."""
+    return f"UPDATE {q(table)} SET {KEY} = {column} WHERE {KEY} IS NULL"
+
+
+def continue_identity(history: str, column: str) -> str:
+    """The sequence of ``table``'s identity ``column`` goes on from ``history``'s largest
+    value."""
+    return (
+        f"SELECT setval(pg_get_serial_sequence(%(table)s, %(column)s), "
+        f"greatest((SELECT max({q(column)}) FROM {q(history)}), 1))"
+    )
+
+
+def drop_identity(table: str, column: str) -> str:
+    return f"ALTER TABLE {q(table)} ALTER COLUMN {q(column)} DROP IDENTITY"
+
+
+def blocking_rows(occurrences: str, outbox: str, terminal: tuple[str, ...]) -> str:
+    """Rows of one occurrence partition that retention must not delete, with why: not in
+    a ``terminal`` state, an unsent outbox row (in ``outbox``), or a time the schedule's
+    live version has not passed yet (a skip marker: deleting it would let the time run)."""
+    states = ", ".join(f"'{s}'" for s in terminal)
+    out, cursor = q(outbox), q(ScheduleCursor._meta.db_table)
+    return f"""
+        SELECT o.id, CASE
+            WHEN o.state NOT IN ({states}) THEN o.state
+            WHEN EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id
+                         AND b.sent_at IS NULL) THEN 'UNSENT_OUTBOX'
+            ELSE 'AHEAD_OF_CURSOR' END
+        FROM {q(occurrences)} o
+        WHERE o.state NOT IN ({states})
+           OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
+           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {cursor} c WHERE c.schedule_id = o.schedule_id
+               AND c.version = o.schedule_version AND c.next_run_at IS NOT NULL
+               AND c.next_run_at <= o.scheduled_for))
+    """

@@ -1,0 +1,168 @@
+"""The relay's raw SQL statements, named.
+
+One placeholder style: ``%(name)s``, with a dict of parameters. Table names come from the
+models (``Model._meta.db_table``), quoted by the connection when a statement is first built
+(each builder is cached: one process talks to one database).
+
+The burst relay's statements are PostgreSQL's (arrays, ``unnest``, ``SKIP LOCKED``); the
+transaction bounds are MySQL/MariaDB's session variables here (PostgreSQL's ``SET LOCAL``
+and the keepalive's ``SELECT 1`` are in :mod:`django_app.db.queries`). A ``SET`` takes no
+parameters: its values are formatted in by the caller.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.db import connection
+
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+
+
+def _table(model: Any) -> str:
+    return str(connection.ops.quote_name(model._meta.db_table))
+
+
+def mysql_set(assignments: list[str]) -> str:
+    """MySQL/MariaDB: one ``SET`` of session and user variables (the old values are read
+    before any is changed)."""
+    return "SET " + ", ".join(assignments)
+
+
+#: Every array parameter is cast to its column's type: psycopg sends a list of small ints
+#: as int2[], and ``bigint = ANY(int2[])`` is not hashed, so on an unanalysed table (a fresh
+#: burst) a 20,000-id check became a seq scan comparing each row with every id.
+_SHARDS = "AND shard = ANY(%(shards)s::int[])"
+
+
+@cache
+def claim(*, sharded: bool) -> str:
+    """PostgreSQL (burst relay): claim the unsent outbox rows due until ``until`` (of the
+    relay's ``shards`` when ``sharded``) for ``token``; returns (id, occurrence_id, shard,
+    available_at, tenant_id) of each.
+
+    A claim lasts until the row's own time (a row already late: the claim's time) plus
+    ``lease`` seconds (``claim_grace_seconds``, not the window's end): rows a dead or
+    stalled relay held are taken over that soon after they were due, however far ahead the
+    window reached. Rows already past due are claimed too (oldest first), so a backlog after
+    an outage, a restart or a late plan goes out at the burst rate, not one general-relay
+    batch at a time. Late rows of ``rate_limited`` tenants are left to the general relay,
+    which takes them as the tenant's budget allows (claiming them here would re-prepare and
+    give back the same rows on every poll while the budget is spent). Holding past that is
+    harmless: the wave locks occurrence rows and re-checks ``sent_at`` before publishing, so
+    an expired claim moves who sends, not how often.
+    """
+    outbox = _table(OutboxEntry)
+    return f"""
+UPDATE {outbox}
+SET claimed_by = %(token)s,
+    claim_expires_at = GREATEST(available_at, %(now)s) + make_interval(secs => %(lease)s)
+WHERE id IN (
+    SELECT id FROM {outbox}
+    WHERE sent_at IS NULL AND available_at <= %(until)s {_SHARDS if sharded else ""}
+      AND (available_at > %(now)s OR NOT tenant_id = ANY(%(rate_limited)s::bigint[]))
+      AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
+    ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id, occurrence_id, shard, available_at, tenant_id
+"""
+
+
+@cache
+def read() -> str:
+    """PostgreSQL (burst relay): what the messages of the claimed outbox rows ``ids`` need."""
+    return f"""
+SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,
+       s.kwargs, s.queue, s.priority, t.slug, o.attempt_count, o.manual
+FROM {_table(OutboxEntry)} b
+JOIN {_table(Occurrence)} o ON o.id = b.occurrence_id
+JOIN {_table(Schedule)} s ON s.id = o.schedule_id
+JOIN {_table(Tenant)} t ON t.id = o.tenant_id
+WHERE b.id = ANY(%(ids)s::bigint[])
+"""
+
+
+@cache
+def mark_outbox() -> str:
+    """PostgreSQL (burst relay): mark the outbox rows ``ids`` sent, each at its ``times``."""
+    return f"""
+UPDATE {_table(OutboxEntry)} b
+SET sent_at = v.t, publish_count = b.publish_count + 1, claim_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(times)s::timestamptz[]) AS v(id, t)
+WHERE b.id = v.id AND b.sent_at IS NULL
+"""
+
+
+@cache
+def mark_occurrence() -> str:
+    """PostgreSQL (burst relay): move the occurrences ``ids`` to ``state`` (ENQUEUED) from
+    one of ``sources``, ``enqueued_at`` set to each one's ``times`` unless already set."""
+    return f"""
+UPDATE {_table(Occurrence)} o SET state = %(state)s, enqueued_at = COALESCE(o.enqueued_at, v.t)
+FROM unnest(%(ids)s::uuid[], %(times)s::timestamptz[]) AS v(id, t)
+WHERE o.id = v.id AND o.state = ANY(%(sources)s::varchar[])
+"""
+
+
+@cache
+def fence() -> str:
+    """PostgreSQL (burst relay): the ``shards``' current fencing tokens (read, not locked:
+    see ``BurstRelay._fence``)."""
+    return (
+        f"SELECT shard, fencing_token FROM {_table(ShardLease)} "
+        "WHERE shard = ANY(%(shards)s::int[])"
+    )
+
+
+@cache
+def lock() -> str:
+    """PostgreSQL (burst relay): the wave's occurrence rows ``ids``, locked; a row a worker
+    or a lifecycle call holds is skipped."""
+    return f"""
+SELECT id, state, schedule_version, manual, schedule_id, scheduled_for, created_at
+FROM {_table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) FOR UPDATE SKIP LOCKED
+"""
+
+
+@cache
+def versions() -> str:
+    """PostgreSQL (burst relay): the current version of the schedules ``ids``."""
+    return f"SELECT id, version FROM {_table(Schedule)} WHERE id = ANY(%(ids)s::uuid[])"
+
+
+@cache
+def unsent() -> str:
+    """PostgreSQL (burst relay): which of the outbox rows ``ids`` are still unsent."""
+    return (
+        f"SELECT id FROM {_table(OutboxEntry)} "
+        "WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL"
+    )
+
+
+@cache
+def cancel_stale() -> str:
+    """PostgreSQL (burst relay): occurrences ``ids`` of an old schedule version move to
+    ``state`` (CANCELED) from one of ``sources`` instead of being published."""
+    return f"""
+UPDATE {_table(Occurrence)} SET state = %(state)s, finished_at = %(now)s, reason = %(reason)s
+WHERE id = ANY(%(ids)s::uuid[]) AND state = ANY(%(sources)s::varchar[])
+"""
+
+
+@cache
+def drop() -> str:
+    """PostgreSQL (burst relay): mark the outbox rows ``ids`` done without publishing them."""
+    return f"""
+UPDATE {_table(OutboxEntry)} SET sent_at = %(now)s, claimed_by = 'dropped', claim_expires_at = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL
+"""
+
+
+@cache
+def release() -> str:
+    """PostgreSQL (burst relay): give back the claims ``token`` holds on the unsent outbox
+    rows ``ids``."""
+    return f"""
+UPDATE {_table(OutboxEntry)} SET claimed_by = '', claim_expires_at = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND claimed_by = %(token)s AND sent_at IS NULL
+"""

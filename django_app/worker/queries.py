@@ -1,0 +1,71 @@
+"""The worker's raw SQL statements, named (PostgreSQL only: the portable paths use the ORM).
+
+One placeholder style: ``%(name)s``, with a dict of parameters. Table names come from the
+models (``Model._meta.db_table``), quoted by the connection when the statement is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from django_app.models import IdempotencyRecord, Occurrence
+
+
+def _table(model: Any) -> str:
+    return str(connection.ops.quote_name(model._meta.db_table))
+
+
+#: PostgreSQL: the common claim in one call of ``django_app_claim()`` (migration 0021);
+#: ``outcome`` is ``'claimed'`` when it wrote the claim (see :mod:`django_app.worker.claim_pg`).
+CLAIM = (
+    "SELECT o_outcome, o_token, o_number, o_last_dead, o_tenant_id, o_tenant, "
+    "o_max_attempts, o_deadline_seconds, o_timezone, o_scheduled_for, o_state, "
+    "o_enqueued_at, o_retry_at FROM django_app_claim(%(id)s, %(worker)s, %(now)s, %(lease)s)"
+)
+
+#: PostgreSQL: the completion of a run in one call of ``django_app_complete()`` (migration
+#: 0022): PL/pgSQL keeps its plan for the session, where the same text sent each time was
+#: planned on every call. The schedule is read, not locked: the portable path reads
+#: pause_after_failures unlocked too, and locks the schedule only when it is set (then the
+#: statement changes nothing).
+COMPLETE = (
+    "SELECT o_moved, o_counts, o_released, o_sync FROM django_app_complete("
+    "%(id)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, %(state)s, %(running)s, "
+    "%(outcome)s)"
+)
+
+
+def insert_key() -> str:
+    """PostgreSQL: insert an idempotency key's record; a row back means it went in (a key
+    already done conflicts on the unique index and returns nothing)."""
+    return (
+        f"INSERT INTO {_table(IdempotencyRecord)} "
+        "(tenant_id, task_name, key, occurrence_id, task_id, created_at) "
+        "VALUES (%(tenant)s, %(task_name)s, %(key)s, %(id)s, %(task_id)s, %(now)s) "
+        "ON CONFLICT DO NOTHING RETURNING 1"
+    )
+
+
+def store_fenced(*, tenant_is_null: bool) -> str:
+    """PostgreSQL: store an idempotent task's result and lock its occurrence row if the claim
+    is still current, in one statement; returns (records updated, occurrence rows locked).
+
+    The record is this transaction's own insert (nobody else can hold it), so the order of
+    the update and the fence's lock does not matter.
+    """
+    tenant = "tenant_id IS NULL" if tenant_is_null else "tenant_id = %(tenant)s"
+    return f"""
+WITH stored AS (
+    UPDATE {_table(IdempotencyRecord)} SET result = %(result)s::jsonb
+    WHERE {tenant} AND task_name = %(task_name)s AND key = %(key)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM stored), count(*) FROM (
+    SELECT 1 FROM {_table(Occurrence)}
+    WHERE id = %(id)s AND fencing_token = %(token)s AND state = %(running)s
+        AND lease_expires_at > %(now)s
+    FOR UPDATE
+) AS fence
+"""
