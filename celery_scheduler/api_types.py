@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 
 def as_json(value: Any) -> Any:
@@ -32,6 +33,28 @@ def as_json(value: Any) -> Any:
 
 #: A duration argument: seconds, or a timedelta.
 Seconds = int | timedelta
+
+
+class ScheduleFilter(TypedDict, total=False):
+    """The schedule filters of ``list_schedules`` and the bulk verbs, every one optional.
+
+    The one spec of these keywords: the API takes them as ``**filters:
+    Unpack[ScheduleFilter]``, and the HTTP filter fields and ``manage.py schedules list``
+    are checked against :data:`SCHEDULE_FILTERS`. What each one means:
+    :func:`django_app.api.list_schedules`.
+    """
+
+    tenant: str | None
+    state: str | None
+    task: str | None
+    tag: str | Mapping[str, str] | None
+    name_contains: str | None
+    next_run_before: datetime | None
+    next_run_after: datetime | None
+
+
+#: The keywords of :class:`ScheduleFilter`, in its order.
+SCHEDULE_FILTERS: tuple[str, ...] = tuple(ScheduleFilter.__annotations__)
 
 
 @dataclass(frozen=True, kw_only=True)

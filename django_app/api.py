@@ -12,13 +12,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from celery_scheduler.api_types import (
     BackfillReport,
     BulkCreateReport,
     BulkReport,
     ScheduleDescription,
+    ScheduleFilter,
     SchedulePage,
     ScheduleSyncReport,
     Seconds,
@@ -376,16 +377,7 @@ def describe_schedule(
 
 
 def list_schedules(
-    *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
-    limit: int = 50,
-    after: str | None = None,
+    *, limit: int = 50, after: str | None = None, **filters: Unpack[ScheduleFilter]
 ) -> SchedulePage:
     """One page of schedules matching every filter given, oldest first.
 
@@ -404,11 +396,8 @@ def list_schedules(
     Pages are keyset-paginated on ``(created_at, id)``: stable while schedules are added,
     and as fast on the last page of a million schedules as on the first.
     """
-    return reads.list_schedules(
-        tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
-        next_run_before=next_run_before, next_run_after=next_run_after, limit=limit,
-        after=after,
-    )  # fmt: skip
+    reads.check_filter_keywords(filters, "list_schedules")
+    return reads.list_schedules(limit=limit, after=after, **filters)
 
 
 def create_tenant(
@@ -503,63 +492,33 @@ _BULK_DOC = """{verb} every schedule matching the filter; report what happened t
 
 def bulk_pause(
     *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
     note: str = "",
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
+    **filters: Unpack[ScheduleFilter],
 ) -> BulkReport:
-    return bulk(
-        "pause", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
-        next_run_before=next_run_before, next_run_after=next_run_after, note=note, actor=actor,
-        reason=reason, clock=clock,
-    )  # fmt: skip
+    return bulk("pause", filters, note=note, actor=actor, reason=reason, clock=clock)
 
 
 def bulk_resume(
     *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
+    **filters: Unpack[ScheduleFilter],
 ) -> BulkReport:
-    return bulk(
-        "resume", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
-        next_run_before=next_run_before, next_run_after=next_run_after, actor=actor,
-        reason=reason, clock=clock,
-    )  # fmt: skip
+    return bulk("resume", filters, actor=actor, reason=reason, clock=clock)
 
 
 def bulk_cancel(
     *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
+    **filters: Unpack[ScheduleFilter],
 ) -> BulkReport:
-    return bulk(
-        "cancel", tenant=tenant, state=state, task=task, tag=tag, name_contains=name_contains,
-        next_run_before=next_run_before, next_run_after=next_run_after, actor=actor,
-        reason=reason, clock=clock,
-    )  # fmt: skip
+    return bulk("cancel", filters, actor=actor, reason=reason, clock=clock)
 
 
 bulk_pause.__doc__ = _BULK_DOC.format(verb="Pause", past="paused") + (

@@ -12,7 +12,6 @@ the call.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime
 from typing import Any
 
 from celery_scheduler import errors
@@ -20,7 +19,7 @@ from celery_scheduler.api_types import BulkItem, BulkOutcome, BulkReport
 from celery_scheduler.core.clock import Clock
 from django_app.models import Schedule
 from django_app.schedules import audit, audited, lifecycle, validation
-from django_app.schedules.reads import filtered
+from django_app.schedules.reads import check_filter_keywords, filtered
 
 #: One call changes at most this many schedules; narrow the filter for more.
 MAX_BULK = 10_000
@@ -30,20 +29,16 @@ Verb = Callable[..., lifecycle.LifecycleResult]
 
 def bulk(
     action: str,
+    filters: Mapping[str, Any],
     *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
     note: str = "",
     actor: str | None = None,
     reason: str | None = None,
     clock: Clock | None = None,
 ) -> BulkReport:
-    """Apply ``action`` (pause, resume, cancel) to every schedule matching the filter.
+    """Apply ``action`` (pause, resume, cancel) to every schedule matching ``filters``
+    (the keywords of :class:`~celery_scheduler.api_types.ScheduleFilter`; another one is a
+    ``TypeError``, as it is for the API verb that passed it).
 
     Each schedule goes through the audited lifecycle call (``audited``, as the API's own
     verbs do), so the audit trail gets one entry per schedule with ``actor`` and ``reason``.
@@ -54,13 +49,9 @@ def bulk(
         "cancel": audited.cancel_schedule,
     }
     verb = verbs[action]
+    check_filter_keywords(filters, f"bulk_{action}")
     note = validation.checked_text(note, "note", max_length=500)
     audit.check(actor, reason)  # before anything is changed
-    filters: dict[str, Any] = {
-        "tenant": tenant, "state": state, "task": task, "tag": tag,
-        "name_contains": name_contains, "next_run_before": next_run_before,
-        "next_run_after": next_run_after,
-    }  # fmt: skip
     if all(v is None for v in filters.values()):
         raise errors.ValidationError(
             "give at least one filter (tenant, state, task, tag, name_contains, next_run_*); "

@@ -18,7 +18,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 from zoneinfo import ZoneInfo
 
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Value
@@ -26,10 +26,12 @@ from django.db.models.functions import Lower
 
 from celery_scheduler import errors
 from celery_scheduler.api_types import (
+    SCHEDULE_FILTERS,
     FireTime,
     OccurrenceSummary,
     ScheduleCounters,
     ScheduleDescription,
+    ScheduleFilter,
     SchedulePage,
     ScheduleSummary,
     VersionInfo,
@@ -317,17 +319,19 @@ def parse_tag(tag: str | Mapping[str, str] | None, *, field: str = "tag") -> dic
     return pairs
 
 
-def filtered(
-    *,
-    tenant: str | None = None,
-    state: str | None = None,
-    task: str | None = None,
-    tag: str | Mapping[str, str] | None = None,
-    name_contains: str | None = None,
-    next_run_before: datetime | None = None,
-    next_run_after: datetime | None = None,
-) -> QuerySet[Schedule]:
+def check_filter_keywords(filters: Mapping[str, Any], caller: str) -> None:
+    """TypeError for a keyword that is not one of :data:`SCHEDULE_FILTERS` (as Python would
+    raise for a signature that spelled them out)."""
+    for name in filters:
+        if name not in SCHEDULE_FILTERS:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+
+
+def filtered(**filters: Unpack[ScheduleFilter]) -> QuerySet[Schedule]:
     """Schedules matching every filter given (validated; ValidationError names the field)."""
+    check_filter_keywords(filters, "filtered")
+    tenant, state, task = filters.get("tenant"), filters.get("state"), filters.get("task")
+    name_contains = filters.get("name_contains")
     qs = Schedule.objects.select_related("cursor")
     tenant_obj = tenant_by_slug(tenant)
     if tenant_obj is not None:
@@ -347,13 +351,13 @@ def filtered(
         # that as a plain LIKE, which is case-sensitive under the utf8mb4_bin collation the
         # docs ("Choose a database") ask MySQL/MariaDB databases to use.
         qs = qs.alias(name_lower=Lower("name")).filter(name_lower__contains=Lower(Value(needle)))
-    before = validation.aware_datetime(next_run_before, "next_run_before")
-    after = validation.aware_datetime(next_run_after, "next_run_after")
+    before = validation.aware_datetime(filters.get("next_run_before"), "next_run_before")
+    after = validation.aware_datetime(filters.get("next_run_after"), "next_run_after")
     if before is not None:
         qs = qs.filter(cursor__next_run_at__lt=before)
     if after is not None:
         qs = qs.filter(cursor__next_run_at__gte=after)
-    for key, value in parse_tag(tag).items():
+    for key, value in parse_tag(filters.get("tag")).items():
         match = ScheduleTag.objects.filter(schedule=OuterRef("pk"), key=key)
         if tenant_obj is not None:
             match = match.filter(tenant=tenant_obj)  # uses (tenant, key, value)

@@ -15,14 +15,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_scheduler import api, errors
-from celery_scheduler.api_types import ScheduleDescription, SchedulePage, as_json
+from celery_scheduler.api_types import SCHEDULE_FILTERS, ScheduleDescription, SchedulePage, as_json
 
 #: API argument -> the option that carries it, so an error names what to fix.
 _OPTIONS = {
-    "after": "--cursor", "next_run_before": "--next-run-before",
-    "next_run_after": "--next-run-after", "name_contains": "--name-contains",
-    "next_count": "--next", "last_count": "--last", "overlap_policy": "--overlap-policy",
-    "start": "--start", "end": "--end",
+    **{name: "--" + name.replace("_", "-") for name in SCHEDULE_FILTERS},
+    "after": "--cursor", "next_count": "--next", "last_count": "--last",
+    "overlap_policy": "--overlap-policy", "start": "--start", "end": "--end",
 }  # fmt: skip
 
 
@@ -86,11 +85,8 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(as_json(value), indent=2) if options["json"] else text)
 
     def _list(self, o: dict[str, Any]) -> None:
-        page = api.list_schedules(
-            tenant=o["tenant"], state=o["state"], task=o["task"], tag=o["tag"],
-            name_contains=o["name_contains"], next_run_before=o["next_run_before"],
-            next_run_after=o["next_run_after"], limit=o["limit"], after=o["cursor"],
-        )  # fmt: skip
+        filters = {name: o[name] for name in SCHEDULE_FILTERS}
+        page = api.list_schedules(limit=o["limit"], after=o["cursor"], **filters)
         self._out(o, page, _list_text(page))
 
     def _describe(self, o: dict[str, Any]) -> None:
