@@ -66,9 +66,9 @@ EXIT_CONFIGURATION = 78
 #: Seconds between two progress stamps of the loop (BeatNode.progress_at).
 PROGRESS_STAMP_INTERVAL = 1.0
 #: Materializing rate assumed before one was measured (rows/s): low on purpose, so the
-#: first large burst after a start is planned early rather than late. Two beats sharing two
-#: cores with PostgreSQL and their burst relays measured ~700-1,000 rows/s each for hourly
-#: crons; assuming 2,000 started a 500,000-row instant only 310 s ahead, too late.
+#: first large burst after a start is planned early rather than late: an assumed rate above
+#: the one two beats sharing two cores achieve started a 500,000-row instant too late
+#: (bench/README.md, "How 500,000 with two beats got there").
 ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 500
 #: Materializing passes at least this large log their rate at INFO (docs: "Retention and scale").
 STAGE_LOG_ROWS = 10_000

@@ -1,7 +1,7 @@
 """AMQP (RabbitMQ) fast path: prepared Celery messages, pipelined publishes with confirms.
 
-``app.send_task`` costs about a millisecond per message on RabbitMQ (routing, retry wrapper,
-kombu's producer, one socket write each), so 100,000 messages take well over a minute. This
+``app.send_task`` pays per message on RabbitMQ (routing, retry wrapper, kombu's producer, one
+socket write each), far too slow for a burst (bench/README.md, "AMQP fast path"). This
 publisher builds, ahead of the due time (:meth:`AmqpFastPublisher.prepare`), the *same*
 AMQP message kombu's pyamqp transport sends for ``send_task("celery_scheduler.run_occurrence",
 ...)``: the protocol-2 headers and body of :mod:`celery_scheduler.publishers.protocol2`
@@ -25,13 +25,10 @@ failure the connection is dropped; the next call connects afresh.
 
 Why confirms and not AMQP transactions: ``tx.select`` + one ``tx.commit`` per chunk also
 gives a durable acknowledgement per chunk, but RabbitMQ's transactions are its slow path
-(the commit is synchronous, and a transaction is not atomic across queues anyway). Measured
-here (20,000 persistent 0.6 KB messages, durable classic queue, RabbitMQ 3.10 on the 2-core
-test machine): ``tx_select``/``tx_commit`` per 5,000 with ``basic_publish`` 3,450-3,700
-msg/s; confirms with py-amqp's non-waiting ``_basic_publish`` per message 4,950-5,200 msg/s;
-confirms with the prepared frames written in one write per chunk 6,500-9,650 msg/s (kept).
-py-amqp's own confirm mode (``confirm_publish``) waits for each ack in turn, a round trip per
-message: it is not used here.
+(the commit is synchronous, and a transaction is not atomic across queues anyway); confirms
+with the prepared frames written in one write per chunk measured fastest (bench/README.md,
+"AMQP fast path"). py-amqp's own confirm mode (``confirm_publish``) waits for each ack in
+turn, a round trip per message: it is not used here.
 
 Only what the fast path reproduces exactly goes through it (the same routes as the Redis
 fast path: a direct exchange via the anonymous exchange, no queue ``expires``, no
@@ -174,9 +171,10 @@ class AmqpFastPublisher(PreparingPublisher):
 
     #: Messages per ``publish_prepared`` call of the burst relay (it reads this attribute):
     #: every call must return within the wave transaction's idle bound
-    #: (``claim_grace_seconds``, 2 s by default). RabbitMQ confirms ~4,000-9,000 persistent
-    #: messages/s on the 2-core test machine, so the Redis chunk of 5,000 could take longer;
-    #: 1,000 costs one confirm round trip and one keepalive statement more per 1,000.
+    #: (``claim_grace_seconds``, 2 s by default). RabbitMQ confirms persistent messages far
+    #: slower than Redis takes them (bench/README.md, "AMQP fast path"), so the Redis chunk
+    #: of 5,000 could take longer; 1,000 costs one confirm round trip and one keepalive
+    #: statement more per 1,000.
     publish_chunk = 1_000
 
     def __init__(

@@ -156,8 +156,9 @@ def no_cyclic_gc() -> Iterator[None]:
 
     A relay transaction may sit silent for only ``claim_grace_seconds`` (2 s by default)
     before the database ends its session; a full collection in a beat that holds a
-    prepared burst (hundreds of thousands of objects) takes ~0.5 s on an idle core and
-    several times that on a loaded one. The block allocates little, so nothing piles up.
+    prepared burst (hundreds of thousands of objects) can take that long on a loaded
+    machine (bench/README.md, "How 500,000 with two beats got there"). The block allocates
+    little, so nothing piles up.
     """
     enabled = gc.isenabled()
     gc.disable()

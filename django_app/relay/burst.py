@@ -102,14 +102,14 @@ WAVE_SECONDS = 1.0
 SQL_CHUNK = 20_000
 #: Rows per statement inside a wave's transaction (lock, re-reads, drop, mark). The client
 #: turns a statement's parameters into text before sending it, and the server counts that
-#: as idle: the one mark statement of a 250,000-row wave carried 250,000 uuids and times,
-#: 1.7 s of conversion on an idle core here, past the idle bound on a loaded one.
+#: as idle: one mark statement for a whole 250,000-row wave stayed silent past the idle
+#: bound on a loaded machine (bench/README.md, "How 500,000 with two beats got there").
 WAVE_STATEMENT_ROWS = 2_000
 #: Locking rate assumed when choosing how early to open a wave's transaction (rows/s).
 LOCK_ROWS_PER_SECOND = 20_000
 #: Claim + prepare rate assumed before one was measured (rows/s): low on purpose, so the
-#: first burst after a start is prepared early rather than late (claim, read and prepare
-#: in series measured ~2,800 rows/s per beat with two beats on two cores).
+#: first burst after a start is prepared early rather than late (the stage rates measured
+#: with two beats on two cores: bench/README.md, "Steady state at the top of the hour").
 ASSUMED_PREPARE_ROWS_PER_SECOND = 2_000
 #: Waves at least this large log the relay's per-stage rates at INFO.
 STAGE_LOG_ROWS = 10_000
@@ -384,9 +384,9 @@ class BurstRelay:
         # Open the wave's transaction early enough to lock all its rows before it is due,
         # with 50 % to spare, at the lock rate measured so far; before any lock, at half
         # the claim rate (an UPDATE of as many rows, but the lock stage also re-reads the
-        # versions and the outbox and checks every row: 13,800 against 19,400 rows/s at
-        # 100,000 here, and a first 500,000-row wave opened at the claim rate went out
-        # 35 s late), else the assumed one. Opening far too early costs: the beat loop
+        # versions and the outbox and checks every row, so it is slower, and a first wave
+        # opened at the claim rate went out late: bench/README.md, "How 500,000 with two
+        # beats got there"), else the assumed one. Opening far too early costs: the beat loop
         # (materializing the rest of the burst) waits inside the wave until its instant.
         rate = float(LOCK_ROWS_PER_SECOND)
         for stage, share in (("claim", 0.5), ("lock", 1.0)):
@@ -568,7 +568,8 @@ class BurstRelay:
 
     def _observe_sent(self, done: WaveOutcome) -> None:
         """``published_total``, ``schedule_lag_seconds`` and ``state_seconds{SCHEDULED}`` of
-        the committed wave, after the commit (a burst's rows cost ~2 us each here)."""
+        the committed wave, after the commit: work per row that must not lengthen the
+        wave's transaction."""
         if not done.accepted or not metrics.is_enabled():
             return
         observed = [

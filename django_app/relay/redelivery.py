@@ -9,7 +9,8 @@ publishes it again, same occurrence id, and counts ``redelivered_total{tenant}``
 
 **Backoff.** A message can also just be waiting behind a long queue (workers down or
 saturated): a copy every timeout would then grow the very queue it waits in (a chaos run
-measured 927 re-publishes against 487 deliveries, and fresh work stuck behind the copies).
+saw more re-publishes than deliveries, and fresh work stuck behind the copies:
+bench/README.md, "Figures that were in code comments").
 So each publish of the same occurrence since a worker last received it (a worker that
 defers, retries or loses the lease of an occurrence sends it back with the count at zero)
 doubles the wait before it counts as lost:

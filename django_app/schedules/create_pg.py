@@ -2,7 +2,7 @@
 
 ``create_schedule`` on the ORM writes a schedule in nine round trips (tenant lock, key
 lookup, savepoint, insert, release, version, tags, audit, commit), compiling each statement
-in Python: about 2.4 ms of client CPU per create here, most of a create's cost. On
+in Python: most of a create's cost (bench/README.md, "Create throughput"). On
 PostgreSQL the same steps run on the server in ``django_app_create_schedule()`` (migration
 0016), called once with the rows that the ORM path would save, built from the same model
 instances (tests/integration/schedules/test_create_pg.py compares the rows of both paths).
