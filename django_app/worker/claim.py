@@ -1,4 +1,7 @@
-"""The worker's ORM store: claim, renew, complete, fail, reap and replay occurrences.
+"""The worker's claim: start a delivered occurrence, or defer, skip or drop it (ClaimOutcome).
+
+The first half of the worker store; what follows the claim (renew, complete, fail, reap
+expired leases, replay dead letters) is :mod:`django_app.worker.finish`.
 
 Every state change is a conditional UPDATE checked by row count (``WHERE state IN
 sources_of(target) AND fencing_token = %s``, :func:`django_app.querysets.transition`); a
@@ -17,8 +20,8 @@ back to the outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED 
 new Attempt: waiting is not a try and does not burn the retry budget. Waiters for a slot or
 for the tenant's ``max_running`` are served oldest ``scheduled_for`` first, and only the
 head of each line polls (:mod:`django_app.worker.waiting`). Retries and
-lease-expiry recovery reset the outbox the same way, so the relay republishes the same
-occurrence id.
+lease-expiry recovery (in :mod:`django_app.worker.finish`) reset the outbox the same way,
+so the relay republishes the same occurrence id.
 
 On PostgreSQL the common claim (no duplicate, still current, no overlap, no quota, no slot,
 no run for ``max_runs`` to count) is one statement (:mod:`django_app.worker.claim_pg`): the
