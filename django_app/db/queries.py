@@ -12,6 +12,7 @@ builder. Table names come from the models (``Model._meta.db_table``, via
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
 
@@ -21,6 +22,12 @@ from django_app.models import Occurrence, ScheduleCursor
 def q(name: str) -> str:
     """``name`` quoted as an identifier for the current connection."""
     return str(connection.ops.quote_name(name))
+
+
+def table(model: Any) -> str:
+    """The table of a Django model, quoted for the current connection (every package's
+    statements take their table names from here, never written out)."""
+    return q(model._meta.db_table)
 
 
 #: Any database: a no-op statement. It checks that the connection works (health probes),

@@ -13,15 +13,9 @@ parameters: its values are formatted in by the caller.
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
 
-from django.db import connection
-
+from django_app.db.queries import table
 from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
-
-
-def _table(model: Any) -> str:
-    return str(connection.ops.quote_name(model._meta.db_table))
 
 
 def mysql_set(assignments: list[str]) -> str:
@@ -53,7 +47,7 @@ def claim(*, sharded: bool) -> str:
     harmless: the wave locks occurrence rows and re-checks ``sent_at`` before publishing, so
     an expired claim moves who sends, not how often.
     """
-    outbox = _table(OutboxEntry)
+    outbox = table(OutboxEntry)
     return f"""
 UPDATE {outbox}
 SET claimed_by = %(token)s,
@@ -74,10 +68,10 @@ def read() -> str:
     return f"""
 SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,
        s.kwargs, s.queue, s.priority, t.slug, o.attempt_count, o.manual
-FROM {_table(OutboxEntry)} b
-JOIN {_table(Occurrence)} o ON o.id = b.occurrence_id
-JOIN {_table(Schedule)} s ON s.id = o.schedule_id
-JOIN {_table(Tenant)} t ON t.id = o.tenant_id
+FROM {table(OutboxEntry)} b
+JOIN {table(Occurrence)} o ON o.id = b.occurrence_id
+JOIN {table(Schedule)} s ON s.id = o.schedule_id
+JOIN {table(Tenant)} t ON t.id = o.tenant_id
 WHERE b.id = ANY(%(ids)s::bigint[])
 """
 
@@ -86,7 +80,7 @@ WHERE b.id = ANY(%(ids)s::bigint[])
 def mark_outbox() -> str:
     """PostgreSQL (burst relay): mark the outbox rows ``ids`` sent, each at its ``times``."""
     return f"""
-UPDATE {_table(OutboxEntry)} b
+UPDATE {table(OutboxEntry)} b
 SET sent_at = v.t, publish_count = b.publish_count + 1, claim_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(times)s::timestamptz[]) AS v(id, t)
 WHERE b.id = v.id AND b.sent_at IS NULL
@@ -98,7 +92,7 @@ def mark_occurrence() -> str:
     """PostgreSQL (burst relay): move the occurrences ``ids`` to ``state`` (ENQUEUED) from
     one of ``sources``, ``enqueued_at`` set to each one's ``times`` unless already set."""
     return f"""
-UPDATE {_table(Occurrence)} o SET state = %(state)s, enqueued_at = COALESCE(o.enqueued_at, v.t)
+UPDATE {table(Occurrence)} o SET state = %(state)s, enqueued_at = COALESCE(o.enqueued_at, v.t)
 FROM unnest(%(ids)s::uuid[], %(times)s::timestamptz[]) AS v(id, t)
 WHERE o.id = v.id AND o.state = ANY(%(sources)s::varchar[])
 """
@@ -109,8 +103,7 @@ def fence() -> str:
     """PostgreSQL (burst relay): the ``shards``' current fencing tokens (read, not locked:
     see ``BurstRelay._fence``)."""
     return (
-        f"SELECT shard, fencing_token FROM {_table(ShardLease)} "
-        "WHERE shard = ANY(%(shards)s::int[])"
+        f"SELECT shard, fencing_token FROM {table(ShardLease)} WHERE shard = ANY(%(shards)s::int[])"
     )
 
 
@@ -120,22 +113,21 @@ def lock() -> str:
     or a lifecycle call holds is skipped."""
     return f"""
 SELECT id, state, schedule_version, manual, schedule_id, scheduled_for, created_at
-FROM {_table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) FOR UPDATE SKIP LOCKED
+FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) FOR UPDATE SKIP LOCKED
 """
 
 
 @cache
 def versions() -> str:
     """PostgreSQL (burst relay): the current version of the schedules ``ids``."""
-    return f"SELECT id, version FROM {_table(Schedule)} WHERE id = ANY(%(ids)s::uuid[])"
+    return f"SELECT id, version FROM {table(Schedule)} WHERE id = ANY(%(ids)s::uuid[])"
 
 
 @cache
 def unsent() -> str:
     """PostgreSQL (burst relay): which of the outbox rows ``ids`` are still unsent."""
     return (
-        f"SELECT id FROM {_table(OutboxEntry)} "
-        "WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL"
+        f"SELECT id FROM {table(OutboxEntry)} WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL"
     )
 
 
@@ -144,7 +136,7 @@ def cancel_stale() -> str:
     """PostgreSQL (burst relay): occurrences ``ids`` of an old schedule version move to
     ``state`` (CANCELED) from one of ``sources`` instead of being published."""
     return f"""
-UPDATE {_table(Occurrence)} SET state = %(state)s, finished_at = %(now)s, reason = %(reason)s
+UPDATE {table(Occurrence)} SET state = %(state)s, finished_at = %(now)s, reason = %(reason)s
 WHERE id = ANY(%(ids)s::uuid[]) AND state = ANY(%(sources)s::varchar[])
 """
 
@@ -153,7 +145,7 @@ WHERE id = ANY(%(ids)s::uuid[]) AND state = ANY(%(sources)s::varchar[])
 def drop() -> str:
     """PostgreSQL (burst relay): mark the outbox rows ``ids`` done without publishing them."""
     return f"""
-UPDATE {_table(OutboxEntry)} SET sent_at = %(now)s, claimed_by = 'dropped', claim_expires_at = NULL
+UPDATE {table(OutboxEntry)} SET sent_at = %(now)s, claimed_by = 'dropped', claim_expires_at = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL
 """
 
@@ -163,6 +155,6 @@ def release() -> str:
     """PostgreSQL (burst relay): give back the claims ``token`` holds on the unsent outbox
     rows ``ids``."""
     return f"""
-UPDATE {_table(OutboxEntry)} SET claimed_by = '', claim_expires_at = NULL
+UPDATE {table(OutboxEntry)} SET claimed_by = '', claim_expires_at = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND claimed_by = %(token)s AND sent_at IS NULL
 """

@@ -7,16 +7,8 @@ models (``Model._meta.db_table``), quoted by the connection when a statement is 
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import connection
-
+from django_app.db.queries import table
 from django_app.models import AuditEntry, Schedule
-
-
-def _table(model: Any) -> str:
-    return str(connection.ops.quote_name(model._meta.db_table))
-
 
 #: PostgreSQL: create a schedule (its version, cursor, tags and audit entry, given as
 #: ``rows`` of JSON) in one call of ``django_app_create_schedule()``, unless its key names
@@ -33,7 +25,7 @@ def existing_by_key() -> str:
     one of the idempotency ``keys`` (one array parameter, not an IN list: building and
     converting that list cost more client time per item than the rest of the lookup)."""
     return (
-        f"SELECT idempotency_key, id, content_hash FROM {_table(Schedule)} "
+        f"SELECT idempotency_key, id, content_hash FROM {table(Schedule)} "
         "WHERE tenant_id = %(tenant)s AND idempotency_key = ANY(%(keys)s)"
     )
 
@@ -42,7 +34,7 @@ def audit_many() -> str:
     """PostgreSQL (bulk create): one audit entry per schedule of ``ids``, built by the
     server; ``WITH ORDINALITY`` keeps the entries' ids in the order of ``ids``."""
     return (
-        f"INSERT INTO {_table(AuditEntry)} (at, tenant_id, schedule_id, occurrence_id, action, "
+        f"INSERT INTO {table(AuditEntry)} (at, tenant_id, schedule_id, occurrence_id, action, "
         "actor, reason, detail) SELECT %(at)s, %(tenant)s, s.id, NULL, %(action)s, %(actor)s, "
         "%(reason)s, '{}'::jsonb "
         "FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS s(id, n) ORDER BY s.n"

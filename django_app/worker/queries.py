@@ -6,16 +6,8 @@ models (``Model._meta.db_table``), quoted by the connection when the statement i
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import connection
-
+from django_app.db.queries import table
 from django_app.models import IdempotencyRecord, Occurrence
-
-
-def _table(model: Any) -> str:
-    return str(connection.ops.quote_name(model._meta.db_table))
-
 
 #: PostgreSQL: the common claim in one call of ``django_app_claim()`` (migration 0021);
 #: ``outcome`` is ``'claimed'`` when it wrote the claim (see :mod:`django_app.worker.claim_pg`).
@@ -41,7 +33,7 @@ def insert_key() -> str:
     """PostgreSQL: insert an idempotency key's record; a row back means it went in (a key
     already done conflicts on the unique index and returns nothing)."""
     return (
-        f"INSERT INTO {_table(IdempotencyRecord)} "
+        f"INSERT INTO {table(IdempotencyRecord)} "
         "(tenant_id, task_name, key, occurrence_id, task_id, created_at) "
         "VALUES (%(tenant)s, %(task_name)s, %(key)s, %(id)s, %(task_id)s, %(now)s) "
         "ON CONFLICT DO NOTHING RETURNING 1"
@@ -58,12 +50,12 @@ def store_fenced(*, tenant_is_null: bool) -> str:
     tenant = "tenant_id IS NULL" if tenant_is_null else "tenant_id = %(tenant)s"
     return f"""
 WITH stored AS (
-    UPDATE {_table(IdempotencyRecord)} SET result = %(result)s::jsonb
+    UPDATE {table(IdempotencyRecord)} SET result = %(result)s::jsonb
     WHERE {tenant} AND task_name = %(task_name)s AND key = %(key)s
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM stored), count(*) FROM (
-    SELECT 1 FROM {_table(Occurrence)}
+    SELECT 1 FROM {table(Occurrence)}
     WHERE id = %(id)s AND fencing_token = %(token)s AND state = %(running)s
         AND lease_expires_at > %(now)s
     FOR UPDATE
