@@ -116,7 +116,39 @@ DJANGO_LINES = (
 )
 
 
+#: ``TEST_PHASE`` (set by scripts/test): ``plain`` runs only the integration tests that run
+#: inside one transaction (Django's ``db``: no other connection, no real process, no thread
+#: racing, nothing held to a clock), which can share the machine with other work; ``real``
+#: runs the rest (transactional tests, acceptance, browser, soak), one database at a time.
+#: Unset: everything.
+TEST_PHASE = os.environ.get("TEST_PHASE", "")
+_TRANSACTIONAL_FIXTURES = {"transactional_db", "live_server", "django_db_reset_sequences"}
+
+
+def _in_one_transaction(item: pytest.Item) -> bool:
+    if not item.nodeid.startswith("tests/integration/"):
+        return False
+    marker = item.get_closest_marker("django_db")
+    if marker is not None and (
+        marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+    ):
+        return False
+    return not set(getattr(item, "fixturenames", ())) & _TRANSACTIONAL_FIXTURES
+
+
+def _select_phase(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if TEST_PHASE not in {"plain", "real"}:
+        if TEST_PHASE:
+            raise pytest.UsageError(f"TEST_PHASE must be plain or real, not {TEST_PHASE!r}")
+        return
+    plain = TEST_PHASE == "plain"
+    keep = [item for item in items if _in_one_transaction(item) == plain]
+    config.hook.pytest_deselected(items=[i for i in items if _in_one_transaction(i) != plain])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _select_phase(config, items)
     family = database_family()
     skip_pg = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
     skip_concurrent = pytest.mark.skip(
@@ -143,6 +175,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_concurrent)
         if family == "mysql" and item.nodeid.split("[")[0] in NOT_YET_ON_MYSQL:
             item.add_marker(pytest.mark.skip(reason=NOT_YET_ON_MYSQL[item.nodeid.split("[")[0]]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if database_family() == "postgresql":
+        _flush_postgres_by_delete()
+
+
+def _flush_postgres_by_delete() -> None:
+    """Empty the tables after a transactional test with ``DELETE``, not ``TRUNCATE``.
+
+    Django flushes with one ``TRUNCATE`` of every table, which on PostgreSQL replaces the
+    files of every table, partition and index (~0.3 s here, whatever they hold): a tax on
+    each of the PostgreSQL pass's ~350 transactional and real-process tests. ``DELETE`` of
+    tables that are nearly always empty costs next to nothing. Django's foreign keys are
+    ``DEFERRABLE INITIALLY DEFERRED`` (the schema has no other foreign keys and no
+    triggers), so the order of the deletes does not matter. A flush that also resets
+    sequences keeps Django's statement.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations,
+        style: Any,
+        tables: Any,
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign,assignment]
 
 
 #: Written into the test Redis db after each flush: a db without it that holds keys is not
