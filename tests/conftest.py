@@ -142,8 +142,11 @@ def _select_phase(config: pytest.Config, items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"TEST_PHASE must be plain or real, not {TEST_PHASE!r}")
         return
     plain = TEST_PHASE == "plain"
-    keep = [item for item in items if _in_one_transaction(item) == plain]
-    config.hook.pytest_deselected(items=[i for i in items if _in_one_transaction(i) != plain])
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (keep if _in_one_transaction(item) == plain else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep
 
 
@@ -179,10 +182,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     if database_family() == "postgresql":
-        _flush_postgres_by_delete()
+        _flush_postgres_cheaply()
 
 
-def _flush_postgres_by_delete() -> None:
+def _flush_postgres_cheaply() -> None:
     """Empty the tables after a transactional test mostly with ``DELETE``, not ``TRUNCATE``.
 
     Django flushes with one ``TRUNCATE`` of every table, which on PostgreSQL replaces the
