@@ -7,6 +7,7 @@ and what gives a flexible occurrence the same ``available_at`` after retries/fai
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,9 @@ from datetime import UTC, datetime, timedelta
 OCCURRENCE_NAMESPACE = uuid.UUID("6f1c4a52-8a43-4d0e-9a51-2f8f0a4f5c11")
 
 
+@functools.lru_cache(maxsize=1024)
 def _utc_iso(instant: datetime) -> str:
+    # Cached: a planning batch names the same few instants for thousands of schedules.
     if instant.tzinfo is None:
         raise ValueError(f"scheduled_for must be timezone-aware, got naive {instant!r}")
     return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -27,7 +30,8 @@ def occurrence_id(schedule_id: uuid.UUID | str, version: int, scheduled_for: dat
     It is also the Celery task id of every message for that occurrence, so any
     duplicate delivery is recognisable by id alone.
     """
-    name = f"{uuid.UUID(str(schedule_id))}/{int(version)}/{_utc_iso(scheduled_for)}"
+    sid = schedule_id if isinstance(schedule_id, uuid.UUID) else uuid.UUID(str(schedule_id))
+    name = f"{sid}/{int(version)}/{_utc_iso(scheduled_for)}"
     return uuid.uuid5(OCCURRENCE_NAMESPACE, name)
 
 

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connection, models, transaction
 from django.db.models import Model, Q
@@ -41,6 +41,7 @@ from django_app.models import (
     ScheduleVersion,
     ShardLease,
     SkippedSpan,
+    Tenant,
 )
 from django_app.tenancy import budget
 
@@ -48,6 +49,26 @@ logger = logging.getLogger(__name__)
 
 #: Rows per multi-row INSERT; 40 rows x ~22 columns stays under SQLite's 999 parameters.
 _INSERT_CHUNK = 40
+
+
+class Planned(Protocol):
+    """What writing a schedule's plan reads of it: a :class:`Schedule`, or the set-based
+    materializer's row (:class:`django_app.materialize.set_based.DueSchedule`)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def tenant_id(self) -> int: ...
+    @property
+    def tenant(self) -> Tenant: ...
+    @property
+    def misfire_policy(self) -> str: ...
+    @property
+    def max_lateness_seconds(self) -> int: ...
+    @property
+    def flexible_window_seconds(self) -> int: ...
 
 
 class _Rollback(SchedulerError):
@@ -315,7 +336,7 @@ def announce_parked(schedule: Schedule, reason: str, exc: Exception) -> None:
 
 
 def record_skipped_spans(
-    planned: list[tuple[Schedule, PassPlan]], *, now: datetime, max_missed: int
+    planned: Iterable[tuple[Planned, PassPlan]], *, now: datetime, max_missed: int
 ) -> None:
     """Record each plan's jumped-over span (inside the caller's transaction).
 
@@ -344,7 +365,7 @@ def _check_fence(shard: int, token: int) -> None:
         raise _Rollback("fenced", 0)
 
 
-def _base_row(schedule: Schedule, t: datetime, *, now: datetime) -> dict[str, Any]:
+def _base_row(schedule: Planned, t: datetime, *, now: datetime) -> dict[str, Any]:
     return {
         "id": ids.occurrence_id(schedule.id, schedule.version, t),
         "schedule_id": schedule.id,
@@ -355,7 +376,7 @@ def _base_row(schedule: Schedule, t: datetime, *, now: datetime) -> dict[str, An
     }
 
 
-def _catchup_rate(schedule: Schedule) -> int:
+def _catchup_rate(schedule: Planned) -> int:
     """The tenant's catch-up rate (per minute) if it applies to this schedule, else 0."""
     if schedule.misfire_policy != MisfirePolicy.CATCH_UP.value:
         return 0
@@ -363,7 +384,7 @@ def _catchup_rate(schedule: Schedule) -> int:
 
 
 def reserve_catchup(
-    planned: Iterable[tuple[Schedule, PassPlan]], *, now: datetime
+    planned: Iterable[tuple[Planned, PassPlan]], *, now: datetime
 ) -> dict[int, datetime]:
     """Reserve the tenants' catch-up slots for the late firing times of ``planned``.
 
@@ -383,7 +404,7 @@ def reserve_catchup(
 
 
 def build_fire_rows(
-    schedule: Schedule, plan: PassPlan, *, now: datetime, releases: dict[int, datetime]
+    schedule: Planned, plan: PassPlan, *, now: datetime, releases: dict[int, datetime]
 ) -> list[dict[str, Any]]:
     """Rows of the firing occurrences; late ones of a CATCH_UP schedule whose tenant has a
     ``catchup_rate`` take the next of the slots reserved in ``releases`` (tenant -> next)."""
@@ -401,7 +422,7 @@ def build_fire_rows(
     return rows
 
 
-def build_missed_rows(schedule: Schedule, plan: PassPlan, *, now: datetime) -> list[dict[str, Any]]:
+def build_missed_rows(schedule: Planned, plan: PassPlan, *, now: datetime) -> list[dict[str, Any]]:
     policy = schedule.misfire_policy
     lateness = schedule.max_lateness_seconds
     rows = []

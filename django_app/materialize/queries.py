@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection
 
-from django_app.models import ScheduleCursor
+from django_app.models import Schedule, ScheduleCursor
 
 
 def _quote(name: str) -> str:
@@ -76,4 +76,34 @@ def advance() -> str:
         "AS v(id, version, cursor, next) "
         "WHERE c.schedule_id = v.id AND c.version = v.version AND c.next_run_at = v.cursor "
         "AND c.active"
+    )
+
+
+def due_batch(*, shards: bool, lost: bool, after: bool) -> str:
+    """PostgreSQL (set-based materializer): lock and read up to ``%(size)s`` due schedules
+    in ``(next_run_at, id)`` order, skipping rows another node holds; the columns are
+    :class:`django_app.materialize.set_based.DueSchedule`'s, in its order.
+
+    Placeholders: ``until``, ``interval`` (the kind whose ``created_at`` anchors it),
+    ``size``; with ``shards`` the cursor's shard is one of ``%(shards)s``; with ``lost``
+    the schedule's is none of ``%(lost)s``; with ``after`` the keyset page starts after
+    ``(%(at)s, %(after_id)s)``."""
+    schedule = _quote(Schedule._meta.db_table)
+    cursor = _quote(ScheduleCursor._meta.db_table)
+    where = ["c.active", "c.next_run_at <= %(until)s"]
+    if shards:
+        where.append("c.shard = ANY(%(shards)s::integer[])")
+    if lost:
+        where.append("NOT (s.shard = ANY(%(lost)s::integer[]))")
+    if after:
+        where.append("(c.next_run_at, s.id) > (%(at)s, %(after_id)s)")
+    return (
+        "SELECT s.id, s.tenant_id, s.shard, s.version, s.priority, s.kind, s.cron, "
+        "s.timezone, s.dst_gap, s.dst_fold, s.interval_seconds, s.run_at, s.start_at, "
+        "s.end_at, s.misfire_policy, s.max_lateness_seconds, s.catchup_cap, "
+        "s.flexible_window_seconds, "
+        "CASE WHEN s.kind = %(interval)s THEN s.created_at END, c.next_run_at "
+        f"FROM {schedule} AS s JOIN {cursor} AS c ON c.schedule_id = s.id "
+        f"WHERE {' AND '.join(where)} "
+        "ORDER BY c.next_run_at, s.id LIMIT %(size)s FOR UPDATE OF s SKIP LOCKED"
     )

@@ -248,7 +248,7 @@ def test_the_setting_routes_materialize_due_to_the_bulk_path(
 
     real = bulk._write_batch
 
-    def counting(read: list[Schedule], **kw: Any) -> MaterializeReport:
+    def counting(read: list[bulk.DueSchedule], **kw: Any) -> MaterializeReport:
         calls.append(len(read))
         return real(read, **kw)
 
