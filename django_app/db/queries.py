@@ -30,6 +30,25 @@ def table(model: Any) -> str:
     return q(model._meta.db_table)
 
 
+#: PostgreSQL's name of ``timestamptz`` (what ``DateTimeField.db_type`` says).
+TIMESTAMPTZ = "timestamp with time zone"
+#: Column types whose values' text forms never need quoting inside an array literal.
+_PLAIN_TEXT_TYPES = frozenset({"uuid", "integer", "bigint", "smallint", TIMESTAMPTZ})
+
+
+def array_literal(values: list[Any], kind: str) -> Any:
+    """``values`` as one PostgreSQL array literal (``{a,b,NULL}``) when ``kind`` is a type
+    whose text forms need no quoting (uuid, integers, aware datetimes); else the list.
+
+    Django binds parameters on the client, and psycopg's list adapter dumps and
+    regex-checks every element in Python: a fifth of planning's client time per row.
+    One joined string, cast by the statement (``%s::uuid[]``), does the same in C.
+    """
+    if kind not in _PLAIN_TEXT_TYPES:
+        return values
+    return "{" + ",".join(["NULL" if v is None else str(v) for v in values]) + "}"
+
+
 #: Any database: a no-op statement. It checks that the connection works (health probes),
 #: and keeps a held transaction's session from counting as idle (the relay), failing at
 #: once if the server already ended it.

@@ -67,6 +67,7 @@ from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher, preparing
 from celery_scheduler.stopping import StopDeferral, stop_deferred
 from django_app import conf, observe
+from django_app.db.queries import TIMESTAMPTZ, array_literal
 from django_app.models import OutboxEntry, Tenant
 from django_app.relay import queries
 from django_app.relay.batch import (
@@ -311,7 +312,12 @@ class BurstRelay:
         for start in range(0, len(claimed), SQL_CHUNK):
             with connection.cursor() as cur:
                 cur.execute(
-                    queries.read(), {"ids": [c[0] for c in claimed[start : start + SQL_CHUNK]]}
+                    queries.read(),
+                    {
+                        "ids": array_literal(
+                            [c[0] for c in claimed[start : start + SQL_CHUNK]], "bigint"
+                        )
+                    },
                 )
                 for (
                     outbox_id,
@@ -649,7 +655,7 @@ class BurstRelay:
         states: dict[uuid.UUID, tuple[Any, ...]] = {}
         with connection.cursor() as cur:
             for chunk in in_pieces(occurrence_ids, pulse):
-                cur.execute(queries.lock(), {"ids": chunk})
+                cur.execute(queries.lock(), {"ids": array_literal(chunk, "uuid")})
                 states.update((row[0], row[1:]) for row in fetch_pulsing(cur, pulse))
         return states
 
@@ -665,10 +671,10 @@ class BurstRelay:
         unsent: set[int] = set()
         with connection.cursor() as cur:
             for chunk in in_pieces(schedule_ids, pulse):
-                cur.execute(queries.versions(), {"ids": chunk})
+                cur.execute(queries.versions(), {"ids": array_literal(chunk, "uuid")})
                 versions.update(fetch_pulsing(cur, pulse))
             for chunk in in_pieces(outbox_ids, pulse):
-                cur.execute(queries.unsent(), {"ids": chunk})
+                cur.execute(queries.unsent(), {"ids": array_literal(chunk, "bigint")})
                 unsent.update(i for (i,) in fetch_pulsing(cur, pulse))
         return versions, unsent
 
@@ -777,14 +783,20 @@ class BurstRelay:
         with connection.cursor() as cur:
             for piece in in_pieces(sent, pulse):
                 outbox_ids, occ_ids, times = zip(*piece, strict=True)
-                cur.execute(queries.mark_outbox(), {"ids": list(outbox_ids), "times": list(times)})
+                cur.execute(
+                    queries.mark_outbox(),
+                    {
+                        "ids": array_literal(list(outbox_ids), "bigint"),
+                        "times": array_literal(list(times), TIMESTAMPTZ),
+                    },
+                )
                 marked += cur.rowcount
                 cur.execute(
                     queries.mark_occurrence(),
                     {
                         "state": enqueued,
-                        "ids": list(occ_ids),
-                        "times": list(times),
+                        "ids": array_literal(list(occ_ids), "uuid"),
+                        "times": array_literal(list(times), TIMESTAMPTZ),
                         "sources": ENQUEUE_FROM,
                     },
                 )
