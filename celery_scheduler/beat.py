@@ -86,6 +86,8 @@ BACKLOG_EXPORT_INTERVAL = 5.0
 #: several ahead, so a round every few minutes is plenty, and it is one catalog read when
 #: nothing is due.
 PARTITION_MAINTENANCE_INTERVAL = 300.0
+#: Rows a beat creates between two checks for history partitions to analyze.
+STATISTICS_CHECK_ROWS = 20_000
 
 
 def ensure_django() -> None:
@@ -142,6 +144,7 @@ class DatabaseScheduler(beat.Scheduler):
         self._next_redelivery = 0.0
         self._next_backlog_export = 0.0
         self._next_partition_round = 0.0
+        self._created_since_statistics = 0
         self._last_relay_poll = 0.0
         self.materialize_rate = RateMeter(assumed=ASSUMED_MATERIALIZE_ROWS_PER_SECOND)
         self._horizon: timedelta | None = None
@@ -349,6 +352,18 @@ class DatabaseScheduler(beat.Scheduler):
         if done:
             logger.info("beat %s: partitions created/dropped: %s", self.node, ", ".join(done))
 
+    def _refresh_statistics(self, created: int) -> None:
+        """After every ``STATISTICS_CHECK_ROWS`` rows this beat created, let the backend
+        refresh the statistics of the history partitions that grew fast (a burst or a
+        catch-up fills a new slot faster than autovacuum analyzes it)."""
+        self._created_since_statistics += created
+        if self._created_since_statistics < STATISTICS_CHECK_ROWS:
+            return
+        self._created_since_statistics = 0
+        analyzed = self.backend.refresh_statistics()
+        if analyzed:
+            logger.info("beat %s: analyzed %s", self.node, ", ".join(analyzed))
+
     def _reap_expired_leases(self, cfg: ports.BeatSettings) -> None:
         """Occurrences whose worker lease expired go back through the outbox (same id).
 
@@ -419,6 +434,7 @@ class DatabaseScheduler(beat.Scheduler):
             )
             rows += report.occurrences_created + report.missed
             spent += time.perf_counter() - started
+            self._refresh_statistics(report.occurrences_created + report.missed)
             relay.publish_held()
             if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
                 self._relay_poll(relay)

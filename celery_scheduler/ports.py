@@ -311,6 +311,12 @@ class Backend(Protocol):
         names created or dropped; a lock not granted in time skips the round (empty)."""
         ...
 
+    def refresh_statistics(self) -> list[str]:
+        """Refresh the planner's statistics of the history partitions that grew fast since
+        they were last analyzed (a no-op where the database is not partitioned); many
+        beats may call it at once (one does the work). Returns the partitions analyzed."""
+        ...
+
 
 _installed: Backend | None = None
 

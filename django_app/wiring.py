@@ -182,6 +182,12 @@ class DjangoBackend:
     def export_outbox_backlog(self, now: datetime) -> int:
         return observe.export_outbox_backlog(now)
 
+    def refresh_statistics(self) -> list[str]:
+        """PostgreSQL with partitioned history: ANALYZE the slots filling up fast."""
+        if connection.vendor != "postgresql" or not partitions.is_partitioned():
+            return []
+        return partitions.analyze_grown()
+
     def maintain_partitions(self, now: datetime) -> list[str]:
         """PostgreSQL with partitioned history: create the slots ahead and (when
         ``partition_retention_days`` is set) drop the expired ones; a no-op elsewhere."""

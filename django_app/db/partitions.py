@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
@@ -57,6 +57,15 @@ logger = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: pg_advisory_xact_lock key (an arbitrary constant: "cs partitions").
 LOCK_KEY = 0x63737061
+#: pg_try_advisory_xact_lock key of the statistics refresh ("csan"): one beat at a time.
+ANALYZE_LOCK_KEY = 0x6373616E
+#: A slot is analyzed once it changed by this many rows, and then each time its changes
+#: since the last ANALYZE reach half its size (a slot filling up: each time it doubles).
+ANALYZE_MIN_CHANGES = 50_000
+#: How long the refresh waits for a partition's lock (autovacuum may hold it) before
+#: leaving it to the next round.
+ANALYZE_LOCK_TIMEOUT_MS = 200
+
 #: How long one maintenance statement waits for a table lock before the round gives up.
 DEFAULT_LOCK_TIMEOUT_MS = 2000
 
@@ -64,6 +73,37 @@ DEFAULT_LOCK_TIMEOUT_MS = 2000
 def tables() -> list[str]:
     """The partitioned tables' names, occurrence first (the others follow its slots)."""
     return [m._meta.db_table for m in (Occurrence, Attempt, OutboxEntry)]
+
+
+def analyze_grown(min_changes: int = ANALYZE_MIN_CHANGES) -> list[str]:
+    """ANALYZE the history partitions that grew fast since their last ANALYZE; returns
+    their names (empty: none, or another process is refreshing).
+
+    A slot is created empty ahead of its time, so until it is analyzed the planner has no
+    statistics for it. The relay's statements look rows up by id, which on a partitioned
+    table is not a unique key on its own (the key includes the time): without statistics
+    PostgreSQL plans those lookups as scans of the whole slot. Autovacuum analyzes a table
+    only after its naptime and 10 % of change (and is off on some servers), while a
+    top-of-the-hour burst or a catch-up fills a slot with hundreds of thousands of rows in
+    a minute. The beats call this as they create rows; a slot is analyzed at
+    ``min_changes`` changed rows and then each time its changes since reach half its size.
+    """
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(sql.lock_timeout(ANALYZE_LOCK_TIMEOUT_MS))
+            cur.execute(sql.TRY_ADVISORY_LOCK, {"key": ANALYZE_LOCK_KEY})
+            row = cur.fetchone()
+            if not (row and row[0]):
+                return []
+            parents = "{" + ",".join(tables()) + "}"
+            cur.execute(sql.GROWN_PARTITIONS, {"parents": parents, "min": min_changes})
+            names = [name for (name,) in cur.fetchall()]
+            for name in names:
+                cur.execute(sql.analyze(name))
+    except DatabaseError as exc:  # a lock not granted in time: the next round tries again
+        logger.info("partition statistics refresh skipped: %s", exc)
+        return []
+    return names
 
 
 def is_partitioned(table: str | None = None) -> bool:

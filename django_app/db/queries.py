@@ -100,6 +100,20 @@ PARTITIONS_OF = (
 ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
 #: Take the transaction-scoped advisory lock ``key`` if free; returns whether it did.
 TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+#: PostgreSQL: the partitions of ``parents`` whose changes since their last ANALYZE reach
+#: ``min`` rows and half their size (a slot filling up: analyzed each time it doubles).
+GROWN_PARTITIONS = (
+    "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_inherits h ON h.inhrelid = s.relid "
+    "WHERE h.inhparent = ANY(%(parents)s::regclass[]) "
+    "AND s.n_mod_since_analyze >= GREATEST(%(min)s, s.n_live_tup / 2) ORDER BY s.relname"
+)
+
+
+def analyze(table: str) -> str:
+    """PostgreSQL: refresh the planner's statistics of ``table``."""
+    return f"ANALYZE {q(table)}"
+
+
 #: ``table``'s indexes inherited from its parent's: (index name, parent index name).
 INHERITED_INDEXES = (
     "SELECT ci.relname, pi.relname FROM pg_index x JOIN pg_class ci ON ci.oid = "

@@ -138,6 +138,55 @@ def test_a_second_process_skips_while_one_holds_the_maintenance_lock() -> None:
     assert out.strip() == "False []"
 
 
+def analyzed_at(table: str) -> datetime | None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = %s", [table])
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def flush_statistics() -> None:
+    """This backend's pending table counters, visible to the next statement (PostgreSQL 15+:
+    they are flushed when the backend next goes idle)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_filling_up_is_analyzed_at_its_first_rows_and_again_once_it_doubles(
+    tenant: Any,
+) -> None:
+    at = datetime(2034, 3, 1, 12, tzinfo=UTC)
+    partitions.ensure(at, width=DAY, ahead=0)
+    (slot,) = [
+        p.name
+        for p in partitions.partitions(Occurrence._meta.db_table)
+        if p.start == at.replace(hour=0)
+    ]
+    schedule = make_schedule(tenant)
+    for n in range(30):
+        add(schedule, at + timedelta(seconds=n), S.SUCCEEDED)
+    flush_statistics()
+    assert partitions.analyze_grown(min_changes=50) == []  # 30 rows: not yet
+    assert analyzed_at(slot) is None
+    for n in range(30, 60):
+        add(schedule, at + timedelta(seconds=n), S.SUCCEEDED)
+    flush_statistics()
+    first = partitions.analyze_grown(min_changes=50)
+    assert slot in first  # 60 rows changed since never: analyzed
+    assert analyzed_at(slot) is not None
+    flush_statistics()
+    assert partitions.analyze_grown(min_changes=50) == []  # nothing changed since
+    for n in range(60, 80):
+        add(schedule, at + timedelta(seconds=n), S.SUCCEEDED)
+    flush_statistics()
+    assert partitions.analyze_grown(min_changes=50) == []  # 20 changes: not doubled yet
+    for n in range(80, 120):
+        add(schedule, at + timedelta(seconds=n), S.SUCCEEDED)
+    flush_statistics()
+    assert slot in partitions.analyze_grown(min_changes=50)  # 60 since, at 120 rows: doubled
+
+
 @pytest.mark.django_db
 def test_rows_in_the_default_partition_move_into_their_new_slot(tenant: Any) -> None:
     occ, att, out = partitions.tables()
