@@ -309,49 +309,43 @@ class BurstRelay:
         by_outbox = {c[0]: c for c in claimed}
         messages: list[OccurrenceMessage] = []
         meta: list[tuple[int, int]] = []
+        slugs: dict[int, str] = {}
         for start in range(0, len(claimed), SQL_CHUNK):
+            chunk = claimed[start : start + SQL_CHUNK]
             with connection.cursor() as cur:
-                cur.execute(
-                    queries.read(),
-                    {
-                        "ids": array_literal(
-                            [c[0] for c in claimed[start : start + SQL_CHUNK]], "bigint"
-                        )
-                    },
-                )
-                for (
-                    outbox_id,
-                    occ_id,
-                    version,
-                    at,
-                    sid,
-                    sver,
-                    task,
-                    args,
-                    kwargs,
-                    queue,
-                    prio,
-                    tenant,
-                    attempts,
-                    manual,
-                ) in cur.fetchall():
-                    messages.append(
-                        OccurrenceMessage(
-                            occurrence_id=str(occ_id),
-                            schedule_id=str(sid),
-                            schedule_version=version,
-                            scheduled_for=at,
-                            tenant=tenant,
-                            task=task,
-                            args=tuple(decode_json(args) or ()),
-                            kwargs=dict(decode_json(kwargs) or {}),
-                            queue=queue or "",
-                            priority=int(prio),
-                            retries=int(attempts),
-                            manual=bool(manual),
-                        )
+                occ_ids = array_literal([c[1] for c in chunk], "uuid")
+                cur.execute(queries.read_occurrences(), {"ids": occ_ids})
+                occurrences = {row[0]: row[1:] for row in cur.fetchall()}
+                schedule_ids = array_literal(list({o[0] for o in occurrences.values()}), "uuid")
+                cur.execute(queries.read_schedules(), {"ids": schedule_ids})
+                schedules = {row[0]: row[1:] for row in cur.fetchall()}
+            unknown = {o[3] for o in occurrences.values()} - slugs.keys()
+            if unknown:
+                slugs.update(Tenant.objects.filter(id__in=unknown).values_list("id", "slug"))
+            for outbox_id, occ_id, *_ in chunk:
+                occurrence = occurrences.get(occ_id)
+                schedule = schedules.get(occurrence[0]) if occurrence else None
+                if occurrence is None or schedule is None or occurrence[3] not in slugs:
+                    continue  # gone since the claim (a deleted schedule): nothing to send
+                sid, version, at, tenant_id, attempts, manual = occurrence
+                sver, task, args, kwargs, queue, prio = schedule
+                messages.append(
+                    OccurrenceMessage(
+                        occurrence_id=str(occ_id),
+                        schedule_id=str(sid),
+                        schedule_version=version,
+                        scheduled_for=at,
+                        tenant=slugs[tenant_id],
+                        task=task,
+                        args=tuple(decode_json(args) or ()),
+                        kwargs=dict(decode_json(kwargs) or {}),
+                        queue=queue or "",
+                        priority=int(prio),
+                        retries=int(attempts),
+                        manual=bool(manual),
                     )
-                    meta.append((outbox_id, sver))
+                )
+                meta.append((outbox_id, sver))
         self.stats.add("read", len(messages), started)
         started = time.perf_counter()
         prepared = self.publisher.prepare(messages)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import cache
 
 from django_app.db.queries import table
-from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease
 
 
 def mysql_set(assignments: list[str]) -> str:
@@ -63,16 +63,24 @@ RETURNING id, occurrence_id, shard, available_at, tenant_id
 
 
 @cache
-def read() -> str:
-    """PostgreSQL (burst relay): what the messages of the claimed outbox rows ``ids`` need."""
+def read_occurrences() -> str:
+    """PostgreSQL (burst relay): what the messages need of the occurrences ``ids``.
+
+    The prepare stage reads occurrences and schedules in two lookups by key, not one join
+    from the outbox: on a slot of hundreds of thousands of rows PostgreSQL planned the join
+    as hash joins over the whole occurrence and schedule tables (2.2 s for 5,000 rows)."""
     return f"""
-SELECT b.id, o.id, o.schedule_version, o.scheduled_for, s.id, s.version, s.task, s.args,
-       s.kwargs, s.queue, s.priority, t.slug, o.attempt_count, o.manual
-FROM {table(OutboxEntry)} b
-JOIN {table(Occurrence)} o ON o.id = b.occurrence_id
-JOIN {table(Schedule)} s ON s.id = o.schedule_id
-JOIN {table(Tenant)} t ON t.id = o.tenant_id
-WHERE b.id = ANY(%(ids)s::bigint[])
+SELECT id, schedule_id, schedule_version, scheduled_for, tenant_id, attempt_count, manual
+FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[])
+"""
+
+
+@cache
+def read_schedules() -> str:
+    """PostgreSQL (burst relay): what the messages need of the schedules ``ids``."""
+    return f"""
+SELECT id, version, task, args, kwargs, queue, priority
+FROM {table(Schedule)} WHERE id = ANY(%(ids)s::uuid[])
 """
 
 
