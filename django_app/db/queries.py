@@ -41,8 +41,9 @@ def array_literal(values: list[Any], kind: str) -> Any:
     whose text forms need no quoting (uuid, integers, aware datetimes); else the list.
 
     Django binds parameters on the client, and psycopg's list adapter dumps and
-    regex-checks every element in Python: a fifth of planning's client time per row.
-    One joined string, cast by the statement (``%s::uuid[]``), does the same in C.
+    regex-checks every element in Python (bench/README.md, "Catch-up after a 5-minute
+    outage", has what it cost). One joined string, cast by the statement
+    (``%s::uuid[]``), does the same in C.
     """
     if kind not in _PLAIN_TEXT_TYPES:
         return values

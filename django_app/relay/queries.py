@@ -67,8 +67,9 @@ def read_occurrences() -> str:
     """PostgreSQL (burst relay): what the messages need of the occurrences ``ids``.
 
     The prepare stage reads occurrences and schedules in two lookups by key, not one join
-    from the outbox: on a slot of hundreds of thousands of rows PostgreSQL planned the join
-    as hash joins over the whole occurrence and schedule tables (2.2 s for 5,000 rows)."""
+    from the outbox: on a filling slot PostgreSQL planned the join as hash joins over the
+    whole occurrence and schedule tables (bench/README.md, "Catch-up after a 5-minute
+    outage")."""
     return f"""
 SELECT id, schedule_id, schedule_version, scheduled_for, tenant_id, attempt_count, manual
 FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[])
