@@ -201,12 +201,32 @@ class SlowUUIDDumper(UUIDDumper):
 SLOW_DUMP_SECONDS = GRACE / 12_000
 
 
+def _slow_uuid_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each uuid turned into text slowly: the wave's statements carry their ids as one
+    array literal per statement, built from each id's text (``db.queries.array_literal``)."""
+    text = uuid.UUID.__str__
+
+    def slow(self: uuid.UUID) -> str:
+        until = time.perf_counter() + SLOW_DUMP_SECONDS
+        while time.perf_counter() < until:  # busy, like the client it stands for
+            pass
+        return text(self)
+
+    monkeypatch.setattr(uuid.UUID, "__str__", slow)
+
+
 @pytest.mark.postgres
-def test_a_large_wave_s_parameters_are_not_mistaken_for_a_stall(settings: Any) -> None:
+def test_a_large_wave_s_parameters_are_not_mistaken_for_a_stall(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A wave's lock and mark statements carry one id (and one time) per row; converting
     them is client-side work inside the wave's transaction that grows with the wave, so it
     must come in pieces with pulses between. Before: the 20,000 ids of the lock went in one
-    statement, and the session was ended after the broker accepted the wave."""
-    _fire_one_wave_on_a_slow_client(
-        settings, lambda adapters: adapters.register_dumper(uuid.UUID, SlowUUIDDumper)
-    )
+    statement, and the session was ended after the broker accepted the wave. The ids go as
+    psycopg parameters or as array literals built from their text: both are slowed."""
+
+    def slow_down(adapters: Any) -> None:
+        adapters.register_dumper(uuid.UUID, SlowUUIDDumper)
+        _slow_uuid_text(monkeypatch)
+
+    _fire_one_wave_on_a_slow_client(settings, slow_down)
