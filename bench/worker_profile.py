@@ -23,6 +23,7 @@ ROLLBACK). These counts do not depend on the machine's load.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import statistics
@@ -78,6 +79,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/5", help="wiped first")
+    parser.add_argument(
+        "--history-days", type=int, default=0,
+        help="daily history slots before today, each seeded by SQL with --history-rows "
+        "finished occurrences and their attempts (a retention window's partitions)",
+    )  # fmt: skip
+    parser.add_argument("--history-rows", type=int, default=20_000)
     args = parser.parse_args(argv)
     os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
     os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
@@ -100,6 +107,8 @@ def main(argv: list[str]) -> None:
     install_counters(connection)
     tenant = Tenant.objects.create(slug="bench", name="bench")
     now = datetime.now(UTC).replace(microsecond=0)
+    if args.history_days:
+        worker_rate.seed_history(now, args.history_days, args.history_rows)
 
     def enqueued(n: int) -> list[uuid.UUID]:
         ids = []
@@ -121,20 +130,26 @@ def main(argv: list[str]) -> None:
 
     lease = timedelta(seconds=300)
     log = logging.getLogger("celery_scheduler.worker")
+    # What the worker has from the message: the occurrence's time, its partition's key
+    # (passed where the code under test takes it, so an older checkout runs this too).
+    message = {"scheduled_for": now.isoformat()}
+    keyed: dict[str, Any] = {}
+    if "scheduled_for" in inspect.signature(claim.claim).parameters:
+        keyed = {"scheduled_for": now}
     samples: dict[str, list[float]] = {}
     for occ_id in enqueued(args.runs):
         connection.close()
         timed(samples, "connect (new connection)", connection.ensure_connection)
         claimed = timed(
             samples, "first claim on the new connection",
-            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease, **keyed),
         )  # fmt: skip
-        finish.complete(occ_id, claimed.fencing_token, None)
+        finish.complete(occ_id, claimed.fencing_token, None, **keyed)
     # Every phase of a run, on a kept connection (as a worker with CELERY_DB_REUSE_MAX).
     for occ_id in enqueued(args.runs):
         claimed = timed(
             samples, "claim on a kept connection",
-            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease),
+            lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease, **keyed),
         )  # fmt: skip
         token = claimed.fencing_token
         beat = timed(
@@ -146,7 +161,7 @@ def main(argv: list[str]) -> None:
         timed(
             samples, "completion",
             lambda occ_id=occ_id, token=token, value=value: finish.complete(
-                occ_id, token, value
+                occ_id, token, value, **keyed
             ),
         )  # fmt: skip
         timed(samples, "log line", lambda occ_id=occ_id: log.info("occurrence %s: x", occ_id))
@@ -154,14 +169,15 @@ def main(argv: list[str]) -> None:
         timed(
             samples, "execute() on a kept connection",
             lambda occ_id=occ_id: tasks.execute(
-                app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
+                app, str(occ_id), "bench.append_line", [], {}, worker_name="p", message=message
             ),
         )  # fmt: skip
     for occ_id in enqueued(args.runs):
         timed(
             samples, "execute() of an @idempotent_task, kept connection",
             lambda occ_id=occ_id: tasks.execute(
-                app, str(occ_id), "bench.append_line_idempotent", [], {}, worker_name="p"
+                app, str(occ_id), "bench.append_line_idempotent", [], {}, worker_name="p",
+                message=message,
             ),
         )  # fmt: skip
     for occ_id in enqueued(args.runs):
@@ -169,7 +185,7 @@ def main(argv: list[str]) -> None:
         timed(
             samples, "execute() on a new connection",
             lambda occ_id=occ_id: tasks.execute(
-                app, str(occ_id), "bench.append_line", [], {}, worker_name="p"
+                app, str(occ_id), "bench.append_line", [], {}, worker_name="p", message=message
             ),
         )  # fmt: skip
     celery_side(app, samples, args.runs)

@@ -1,6 +1,7 @@
 """Worker throughput: plain Celery against scheduled runs of the same task, one command.
 
     python -m bench.worker_rate [--concurrency 1,2,4] [--plain 5000] [--runs 2000]
+                                [--history-days 0] [--history-rows 20000]
 
 For each ``-c`` (prefork, Redis broker, PostgreSQL, the example project's defaults):
 
@@ -9,6 +10,10 @@ For each ``-c`` (prefork, Redis broker, PostgreSQL, the example project's defaul
   materializes and publishes them all, is stopped, and only then the worker starts (the
   broker holds every message, as in issue 28);
 - ``idempotent``: the same with ``bench.append_line_idempotent`` (``@idempotent_task``).
+
+``--history-days D`` seeds, before each scheduled point, ``D`` daily history slots before
+today's with ``--history-rows`` finished occurrences and attempts each (by SQL), as a
+retention window keeps them: what a run reads then depends on how it finds its rows.
 
 The worker starts only after the queue is full. A run's rate is (lines - 1) / (last line's
 time - first line's time), each body writing its wall time (worker start-up is not in it).
@@ -221,6 +226,49 @@ def seed(n: int, task: str) -> None:
     ScheduleVersion.objects.bulk_create(versions, batch_size=2000)
 
 
+def seed_history(now: datetime, days: int, rows: int) -> None:
+    """``days`` daily slots before today's, each holding ``rows`` SUCCEEDED occurrences of
+    one schedule and one attempt each, inserted by SQL (history, not the runs measured),
+    then analyzed as autovacuum would: the partitions a retention window keeps."""
+    from django.db import connection
+
+    from django_app.db import partitions
+    from django_app.models import Schedule, Tenant
+
+    tenant, _ = Tenant.objects.get_or_create(slug="history", defaults={"name": "history"})
+
+    partitions.ensure(now, width=timedelta(days=1), ahead=3, behind=days, wait=True)
+    schedule = Schedule.objects.create(
+        tenant=tenant,
+        name="history",
+        task="bench.append_line",
+        kind="CRON",
+        cron="* * * * *",
+        state="COMPLETED",  # history only: the beat plans nothing from it
+    )
+    start = now.replace(hour=0, minute=0, second=0) - timedelta(days=days)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_app_occurrence (id, schedule_id, schedule_version, tenant_id, "
+            "scheduled_for, available_at, state, manual, overlap_policy, attempt_count, "
+            "fencing_token, lease_owner, created_at, last_error, reason) "
+            "SELECT gen_random_uuid(), %s, 1, %s, t, t, 'SUCCEEDED', true, '', 1, 1, '', t, "
+            "'', '' FROM generate_series(0, %s - 1) g, LATERAL (SELECT %s::timestamptz "
+            "+ (g %% %s) * interval '1 day' + (g / %s) * interval '1 second' AS t) x",
+            [schedule.pk, tenant.pk, days * rows, start, days, days],
+        )
+        cursor.execute(
+            "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
+            "fencing_token, worker, started_at, finished_at, outcome, error) "
+            "SELECT id, scheduled_for, 1, 1, 'history', scheduled_for, scheduled_for, "
+            "'SUCCEEDED', '' FROM django_app_occurrence WHERE schedule_id = %s",
+            [schedule.pk],
+        )
+        cursor.execute("ANALYZE django_app_occurrence")
+        cursor.execute("ANALYZE django_app_attempt")
+    print(f"history: {days} daily slots of {rows:,} occurrences and attempts")
+
+
 def fill_queue(mode: str, n: int, env: dict[str, str], broker: str, work: Path) -> None:
     queue = redis.Redis.from_url(broker)
     if mode == "plain":
@@ -253,6 +301,10 @@ def read_stats(stats: Path) -> Counter[str]:
     return total
 
 
+#: ``--history-days`` / ``--history-rows``: history seeded before every scheduled point.
+HISTORY = (0, 0)
+
+
 def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> dict[str, Any]:
     lines = work / f"lines-{mode}-{c}.txt"
     stats = work / "stats"
@@ -262,6 +314,8 @@ def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> di
     env = env_for(db, broker, lines, stats)
     os.environ["BENCH_LINES"] = str(lines)
     reset(db, broker)
+    if HISTORY[0] and mode != "plain":
+        seed_history(datetime.now(UTC), *HISTORY)
     fill_queue(mode, n, env, broker, work)
     time.sleep(1.5)  # let the beat's backends flush their statistics before the snapshot
     before = db_counters(db)
@@ -309,7 +363,8 @@ def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> di
 def succeeded(db: str) -> int:
     with psycopg.connect(db, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM django_app_occurrence WHERE state = 'SUCCEEDED'"
+            "SELECT count(*) FROM django_app_occurrence o JOIN django_app_tenant t "
+            "ON t.id = o.tenant_id WHERE o.state = 'SUCCEEDED' AND t.slug = 'bench'"
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -324,8 +379,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--code", default=str(ROOT), help="a checkout whose worker to run (A/B: an older commit)"
     )
+    parser.add_argument(
+        "--history-days", type=int, default=0,
+        help="daily history slots before today, seeded before each scheduled point",
+    )  # fmt: skip
+    parser.add_argument("--history-rows", type=int, default=20_000, help="rows per slot")
     args = parser.parse_args(argv)
-    global CODE
+    global CODE, HISTORY
+    HISTORY = (args.history_days, args.history_rows)
     CODE = Path(args.code).resolve()
     db = os.environ.get("DATABASE_URL", DEFAULT_DB)
     os.environ.update(

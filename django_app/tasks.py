@@ -140,7 +140,10 @@ def execute(
     settings = conf.get()  # the worker's entry point: read once, passed down
     lease = lease or timedelta(seconds=settings.occurrence_lease_seconds)
     drop_if_broken()  # a connection kept from an earlier task may have been broken by it
-    claimed = claim.claim(occurrence_id, worker=worker_name, clock=clock, lease=lease)
+    claimed = claim.claim(
+        occurrence_id, worker=worker_name, clock=clock, lease=lease,
+        scheduled_for=message_time(message),
+    )  # fmt: skip
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
     token = claimed.fencing_token
@@ -200,7 +203,9 @@ def execute(
     result = _jsonable(value)
     ok = _finish(
         "completion",
-        lambda: finish.complete(occurrence_id, token, result, clock=clock),
+        lambda: finish.complete(
+            occurrence_id, token, result, clock=clock, scheduled_for=claimed.scheduled_for
+        ),
         occurrence_id,
         clock,
     )
@@ -212,11 +217,19 @@ def execute(
     }  # fmt: skip
 
 
+def message_time(message: Mapping[str, Any] | None) -> datetime | None:
+    """The occurrence's scheduled time as its message carries it (None if it does not)."""
+    if message is None or not message.get("scheduled_for"):
+        return None
+    return datetime.fromisoformat(str(message["scheduled_for"])).astimezone(UTC)
+
+
 def scheduled_run(
     claimed: claim.ClaimResult, message: Mapping[str, Any] | None
 ) -> ScheduledRun | None:
     """The body's view of its run: the claim's facts plus the message's (no query)."""
-    if message is None or not message.get("scheduled_for"):
+    scheduled_for = message_time(message)
+    if message is None or scheduled_for is None:
         return None
     version = int(message.get("schedule_version") or 0)
     attempt = claimed.attempts_in_run or 1
@@ -232,7 +245,7 @@ def scheduled_run(
         schedule_version=version,
         tenant=claimed.tenant,
         tenant_id=claimed.tenant_id,
-        scheduled_for=datetime.fromisoformat(str(message["scheduled_for"])).astimezone(UTC),
+        scheduled_for=scheduled_for,
         timezone=claimed.timezone,
         attempt=attempt,
         origin=origin,

@@ -104,6 +104,8 @@ class ClaimResult:
     queued_seconds: float | None = None
     #: The schedule's IANA zone: the run's local scheduled time (``current_occurrence()``).
     timezone: str = "UTC"
+    #: The claimed occurrence's time, its history partition's key (the completion's lookup).
+    scheduled_for: datetime | None = None
 
     @property
     def claimed(self) -> bool:
@@ -122,6 +124,7 @@ def claim(
     clock: Clock | None = None,
     lease: timedelta | None = None,
     defer: timedelta = DEFER,
+    scheduled_for: datetime | None = None,
 ) -> ClaimResult:
     """Claim an occurrence for ``worker`` in one transaction, or say why not.
 
@@ -129,11 +132,15 @@ def claim(
     cancellation re-check, overlap policy, concurrency slot, then ``-> RUNNING`` with
     ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
     when the database cannot be reached: nothing was claimed, so the caller may retry.
-    On PostgreSQL the common claim is one statement (:mod:`django_app.worker.claim_pg`).
+    On PostgreSQL the common claim is one statement (:mod:`django_app.worker.claim_pg`);
+    ``scheduled_for`` (the message's) keeps its lookups to the occurrence's partition.
     """
     checks.require_safe_database()  # once per process; refuses on unsafe SQLite
     try:
-        result = _claim(uuid.UUID(str(occurrence_id)), worker, clock or SYSTEM_CLOCK, lease, defer)
+        result = _claim(
+            uuid.UUID(str(occurrence_id)), scheduled_for, worker, clock or SYSTEM_CLOCK, lease,
+            defer,
+        )  # fmt: skip
     except (OperationalError, InterfaceError) as exc:
         reset_after_error()  # the caller's retry must not reuse a dead connection
         raise errors.CoordinationUnavailable(
@@ -148,12 +155,17 @@ def claim(
 # lock the slot rows and wake each other's waiters) was rolled back whole and runs again.
 @retry_lock_conflicts
 def _claim(
-    occ_id: uuid.UUID, worker: str, clock: Clock, lease: timedelta | None, defer: timedelta
+    occ_id: uuid.UUID,
+    scheduled_for: datetime | None,
+    worker: str,
+    clock: Clock,
+    lease: timedelta | None,
+    defer: timedelta,
 ) -> ClaimResult:
     lease = lease_or_default(lease)
     if claim_pg.applies():
         now = clock.now()
-        claimed = claim_pg.claim(occ_id, worker, now, lease)
+        claimed = claim_pg.claim(occ_id, scheduled_for, worker, now, lease)
         if claimed is not None:
             return _claimed_in_one_statement(occ_id, claimed, now)
     with transaction.atomic():
@@ -229,6 +241,7 @@ def _claimed_in_one_statement(
         started_at=now,
         queued_seconds=None if queued is None else (now - queued).total_seconds(),
         timezone=claimed.timezone,
+        scheduled_for=claimed.scheduled_for,
     )
 
 
@@ -479,6 +492,7 @@ def _start(
         started_at=now,
         queued_seconds=None if queued is None else (now - queued).total_seconds(),
         timezone=schedule.timezone,
+        scheduled_for=occ.scheduled_for,
     )
 
 

@@ -1,7 +1,7 @@
 """PostgreSQL: the common claim as one statement (one round trip, one durable commit).
 
 :func:`django_app.worker.claim.claim` tries this first on PostgreSQL. It calls
-``django_app_claim()`` (migration 0021), which locks the schedule row and then the
+``django_app_claim()`` (migrations 0021, 0025), which locks the schedule row and then the
 occurrence row, as the portable claim does, and makes the portable claim's writes (the
 occurrence ``-> RUNNING`` under ``fencing_token + 1``, the new Attempt) when the claim is
 the common one: an unclaimed occurrence, still current, with no ``max_runs`` to count, no
@@ -55,10 +55,21 @@ def applies() -> bool:
     return ONE_STATEMENT_CLAIM and connection.vendor == "postgresql"
 
 
-def claim(occurrence_id: uuid.UUID, worker: str, now: datetime, lease: timedelta) -> Claimed | None:
+def claim(
+    occurrence_id: uuid.UUID,
+    scheduled_for: datetime | None,
+    worker: str,
+    now: datetime,
+    lease: timedelta,
+) -> Claimed | None:
     """Claim ``occurrence_id`` for ``worker`` at ``now`` if the claim is the common one;
-    None (nothing written) when the portable claim must decide."""
-    params: dict[str, Any] = {"id": occurrence_id, "worker": worker, "now": now, "lease": lease}
+    None (nothing written) when the portable claim must decide. ``scheduled_for``, the
+    occurrence's time as its message gives it, keeps the lookups to one history partition
+    (None: the function reads it by id first)."""
+    params: dict[str, Any] = {
+        "id": occurrence_id, "scheduled_for": scheduled_for, "worker": worker, "now": now,
+        "lease": lease,
+    }  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(queries.CLAIM, params)
         row = cursor.fetchone()

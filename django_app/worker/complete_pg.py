@@ -11,7 +11,7 @@ and the caller runs the portable path instead.
 
 Issued outside ``transaction.atomic()`` (autocommit), the statement is its own
 transaction: the portable path's BEGIN, four statements and COMMIT become one round trip.
-It is a call of ``django_app_complete()`` (migration 0022), whose plan the server keeps for
+It is a call of ``django_app_complete()`` (migrations 0022, 0025), whose plan the server keeps for
 the session.
 
 Its commit is asynchronous: the statement sets ``synchronous_commit = off`` for its own
@@ -40,13 +40,21 @@ from django_app.worker import queries
 
 
 def complete(
-    occurrence_id: uuid.UUID, token: int, result: Any, *, now: datetime, slot_owner: str
+    occurrence_id: uuid.UUID,
+    token: int,
+    result: Any,
+    *,
+    now: datetime,
+    slot_owner: str,
+    scheduled_for: datetime | None = None,
 ) -> tuple[bool, bool, list[tuple[int, str]]]:
     """(moved, counts_failures, released): whether the fenced write happened, whether it was
     left to the portable path because the schedule counts failures, and the (tenant, key)
-    of each concurrency slot it released (their oldest waiters are woken by the caller)."""
+    of each concurrency slot it released (their oldest waiters are woken by the caller).
+    ``scheduled_for`` (None: read by id first) keeps the statement to one partition."""
     params: dict[str, Any] = {
         "id": occurrence_id,
+        "scheduled_for": scheduled_for,
         "token": token,
         "now": now,
         # JSON null stays SQL NULL, as the JSONField writes None.

@@ -131,19 +131,26 @@ def renew(
 
 
 def complete(
-    occurrence_id: uuid.UUID | str, token: int, result: Any = None, *, clock: Clock | None = None
+    occurrence_id: uuid.UUID | str,
+    token: int,
+    result: Any = None,
+    *,
+    clock: Clock | None = None,
+    scheduled_for: datetime | None = None,
 ) -> None:
     """RUNNING -> SUCCEEDED iff ``token`` is current; else :class:`errors.StaleWrite`.
 
     On PostgreSQL one statement (:mod:`django_app.worker.complete_pg`), unless the
-    schedule counts failures.
+    schedule counts failures; ``scheduled_for`` (the claim's) keeps it to the occurrence's
+    history partition.
     """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
     if connection.vendor == "postgresql":
         moved, counts_failures, released = complete_pg.complete(
-            occ_id, token, result, now=now, slot_owner=slot_owner(occ_id, token)
-        )
+            occ_id, token, result, now=now, slot_owner=slot_owner(occ_id, token),
+            scheduled_for=scheduled_for,
+        )  # fmt: skip
         if moved:
             _wake_after_release(released, occ_id, now)
             return

@@ -23,7 +23,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from celery_scheduler.core.enums import OccurrenceState
-from celery_scheduler.tasks import current_fence, idempotency_context
+from celery_scheduler.tasks import current_fence, current_occurrence, idempotency_context
 from django_app.models import IdempotencyRecord, Occurrence, Tenant
 from django_app.worker import queries
 
@@ -175,12 +175,19 @@ def _store_fenced(
     """PostgreSQL: store the result and take the fence's lock (what
     :func:`_require_current_claim` takes) in one round trip; False if the claim is stale."""
     token, clock = fence
-    sql = queries.store_fenced(tenant_is_null=namespace["tenant_id"] is None)
+    run = current_occurrence()
+    # The run's time is its history partition's key: the fence's lock then plans one
+    # partition instead of probing all of them for the id.
+    scheduled_for = run.scheduled_for if run and run.occurrence_id == occurrence_id else None
+    sql = queries.store_fenced(
+        tenant_is_null=namespace["tenant_id"] is None, keyed=scheduled_for is not None
+    )
     params = {
         "result": None if result is None else json.dumps(result),  # JSON null: SQL NULL
         "tenant": namespace["tenant_id"], "task_name": namespace["task_name"],
         "key": namespace["key"], "id": occurrence_id, "token": token,
         "running": OccurrenceState.RUNNING.value, "now": clock.now(),
+        "scheduled_for": scheduled_for,
     }  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

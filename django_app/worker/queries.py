@@ -9,23 +9,26 @@ from __future__ import annotations
 from django_app.db.queries import table
 from django_app.models import IdempotencyRecord, Occurrence
 
-#: PostgreSQL: the common claim in one call of ``django_app_claim()`` (migration 0021);
-#: ``outcome`` is ``'claimed'`` when it wrote the claim (see :mod:`django_app.worker.claim_pg`).
+#: PostgreSQL: the common claim in one call of ``django_app_claim()`` (migrations 0021,
+#: 0025); ``outcome`` is ``'claimed'`` when it wrote the claim (see
+#: :mod:`django_app.worker.claim_pg`). ``scheduled_for`` (the partition key, or NULL when
+#: unknown) prunes its lookups to one partition.
 CLAIM = (
     "SELECT o_outcome, o_token, o_number, o_last_dead, o_tenant_id, o_tenant, "
     "o_max_attempts, o_deadline_seconds, o_timezone, o_scheduled_for, o_state, "
-    "o_enqueued_at, o_retry_at FROM django_app_claim(%(id)s, %(worker)s, %(now)s, %(lease)s)"
+    "o_enqueued_at, o_retry_at FROM django_app_claim("
+    "%(id)s, %(scheduled_for)s, %(worker)s, %(now)s, %(lease)s)"
 )
 
-#: PostgreSQL: the completion of a run in one call of ``django_app_complete()`` (migration
-#: 0022): PL/pgSQL keeps its plan for the session, where the same text sent each time was
+#: PostgreSQL: the completion of a run in one call of ``django_app_complete()`` (migrations
+#: 0022, 0025): PL/pgSQL keeps its plan for the session, where the same text sent each time was
 #: planned on every call. The schedule is read, not locked: the portable path reads
 #: pause_after_failures unlocked too, and locks the schedule only when it is set (then the
 #: statement changes nothing).
 COMPLETE = (
     "SELECT o_moved, o_counts, o_released, o_sync FROM django_app_complete("
-    "%(id)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, %(state)s, %(running)s, "
-    "%(outcome)s)"
+    "%(id)s, %(scheduled_for)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, "
+    "%(state)s, %(running)s, %(outcome)s)"
 )
 
 
@@ -40,14 +43,16 @@ def insert_key() -> str:
     )
 
 
-def store_fenced(*, tenant_is_null: bool) -> str:
+def store_fenced(*, tenant_is_null: bool, keyed: bool = False) -> str:
     """PostgreSQL: store an idempotent task's result and lock its occurrence row if the claim
     is still current, in one statement; returns (records updated, occurrence rows locked).
 
     The record is this transaction's own insert (nobody else can hold it), so the order of
-    the update and the fence's lock does not matter.
+    the update and the fence's lock does not matter. ``keyed``: the occurrence is looked up
+    with its ``scheduled_for`` too (one history partition instead of all).
     """
     tenant = "tenant_id IS NULL" if tenant_is_null else "tenant_id = %(tenant)s"
+    key = " AND scheduled_for = %(scheduled_for)s" if keyed else ""
     return f"""
 WITH stored AS (
     UPDATE {table(IdempotencyRecord)} SET result = %(result)s::jsonb
@@ -56,7 +61,7 @@ WITH stored AS (
 )
 SELECT (SELECT count(*) FROM stored), count(*) FROM (
     SELECT 1 FROM {table(Occurrence)}
-    WHERE id = %(id)s AND fencing_token = %(token)s AND state = %(running)s
+    WHERE id = %(id)s{key} AND fencing_token = %(token)s AND state = %(running)s
         AND lease_expires_at > %(now)s
     FOR UPDATE
 ) AS fence

@@ -170,7 +170,7 @@ def test_what_it_does_not_decide_goes_to_the_portable_path(
         if make == "expired_lease":
             frozen_clock.advance(LEASE + timedelta(seconds=1))
     before = (_occurrence_row(occ.id), _attempt_rows(occ.id))
-    claimed = claim_pg.claim(occ.id, "w2", frozen_clock.now(), LEASE)
+    claimed = claim_pg.claim(occ.id, occ.scheduled_for, "w2", frozen_clock.now(), LEASE)
     assert claimed is None
     assert (_occurrence_row(occ.id), _attempt_rows(occ.id)) == before  # wrote nothing
     assert claim.claim(occ.id, worker="w2", clock=frozen_clock, lease=LEASE).outcome == expected
