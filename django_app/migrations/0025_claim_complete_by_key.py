@@ -11,12 +11,15 @@ without it (NULL: a message from before this change, or a caller that has only t
 first reads the occurrence's time by id, as the functions did before, then goes on the
 same way.
 
-Both run with ``plan_cache_mode = force_generic_plan``. PL/pgSQL keeps a plan per
-statement for the session, but with the key a parameter, PostgreSQL's plan cache rated
-the generic plan (all partitions, pruned when it runs) costlier than a plan for the given
-value (one partition) and planned every statement again on every call: slower than the
-lookup by id alone, even with one populated partition. The generic plan prunes at
-execution all the same, and is planned once per session.
+Which plans they run on is the caller's choice (``p_generic``). PL/pgSQL keeps a plan per
+statement for the session, but with the key a parameter, PostgreSQL's plan cache rates the
+generic plan (every partition, pruned when it runs) costlier than a plan for the given
+value (one partition), so left to itself it plans every statement again on every call.
+On a session that runs many claims (a worker that keeps its connection) the caller asks
+for generic plans: built once, dearer than one custom plan with many partitions, then
+reused. On a session's first call (a worker that closes its connection after each task,
+Celery's default) it does not, and each statement is planned for its one partition. The
+setting is the function's own (its ``SET`` clause restores it on exit).
 
 Same locks in the same order, same writes, same results as the functions they replace.
 """
@@ -31,16 +34,20 @@ from django.db import migrations
 CLAIM = """
 CREATE OR REPLACE FUNCTION django_app_claim(
     p_id uuid, p_scheduled_for timestamptz, p_worker text, p_now timestamptz, p_lease interval,
+    p_generic boolean,
     OUT o_outcome text, OUT o_token bigint, OUT o_number integer, OUT o_last_dead integer,
     OUT o_tenant_id bigint, OUT o_tenant text, OUT o_max_attempts integer,
     OUT o_deadline_seconds integer, OUT o_timezone text, OUT o_scheduled_for timestamptz,
     OUT o_state text, OUT o_enqueued_at timestamptz, OUT o_retry_at timestamptz
-) LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $fn$
+) LANGUAGE plpgsql VOLATILE SET plan_cache_mode = auto AS $fn$
 DECLARE
     s record;
     o record;
 BEGIN
     o_outcome := 'fallback';
+    IF p_generic THEN
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
     IF p_scheduled_for IS NULL THEN
         SELECT oc.scheduled_for INTO p_scheduled_for
           FROM django_app_occurrence oc WHERE oc.id = p_id;
@@ -117,10 +124,14 @@ $fn$
 COMPLETE = """
 CREATE OR REPLACE FUNCTION django_app_complete(
     p_id uuid, p_scheduled_for timestamptz, p_token bigint, p_now timestamptz,
-    p_result jsonb, p_owner text, p_state text, p_running text, p_outcome text
+    p_result jsonb, p_owner text, p_state text, p_running text, p_outcome text,
+    p_generic boolean
 ) RETURNS TABLE (o_moved bigint, o_counts boolean, o_released json, o_sync text)
-LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $fn$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = auto AS $fn$
 BEGIN
+    IF p_generic THEN
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    END IF;
     IF p_scheduled_for IS NULL THEN
         SELECT oc.scheduled_for INTO p_scheduled_for
           FROM django_app_occurrence oc WHERE oc.id = p_id;
@@ -158,9 +169,10 @@ $fn$
 
 OLD_CLAIM = "django_app_claim(uuid, text, timestamptz, interval)"
 OLD_COMPLETE = "django_app_complete(uuid, bigint, timestamptz, jsonb, text, text, text, text)"
-NEW_CLAIM = "django_app_claim(uuid, timestamptz, text, timestamptz, interval)"
+NEW_CLAIM = "django_app_claim(uuid, timestamptz, text, timestamptz, interval, boolean)"
 NEW_COMPLETE = (
-    "django_app_complete(uuid, timestamptz, bigint, timestamptz, jsonb, text, text, text, text)"
+    "django_app_complete(uuid, timestamptz, bigint, timestamptz, jsonb, text, text, text, text, "
+    "boolean)"
 )
 
 

@@ -17,6 +17,7 @@ fencing token, so a crash must not take it back (docs/explanation/workers-and-re
 from __future__ import annotations
 
 import uuid
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,6 +52,28 @@ class Claimed:
     retry_at: datetime | None
 
 
+#: Per function, the database sessions that already called it (held weakly: a closed
+#: connection drops out).
+_WARM_SESSIONS: dict[str, weakref.WeakSet[Any]] = {}
+
+
+def generic_plans(function: str) -> bool:
+    """Whether ``function`` runs on generic plans in this database session: not on its
+    first call there, yes on every later one (migration 0025 has why).
+
+    A worker that closes its connection after each task (Celery's default without
+    ``CELERY_DB_REUSE_MAX``) makes only first calls, and a plan for the one partition the
+    key names is the cheaper there; a kept connection builds the generic plans once and
+    reuses them. Call it with the connection open.
+    """
+    session = connection.connection
+    warm = _WARM_SESSIONS.setdefault(function, weakref.WeakSet())
+    if session is None or session in warm:
+        return session is not None
+    warm.add(session)
+    return False
+
+
 def applies() -> bool:
     return ONE_STATEMENT_CLAIM and connection.vendor == "postgresql"
 
@@ -71,6 +94,7 @@ def claim(
         "lease": lease,
     }  # fmt: skip
     with connection.cursor() as cursor:
+        params["generic"] = generic_plans("claim")
         cursor.execute(queries.CLAIM, params)
         row = cursor.fetchone()
     if row is None or row[0] != "claimed":

@@ -36,7 +36,7 @@ from django.db import connection
 
 from celery_scheduler.core.enums import AttemptOutcome
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app.worker import queries
+from django_app.worker import claim_pg, queries
 
 
 def complete(
@@ -65,6 +65,7 @@ def complete(
         "owner": slot_owner,
     }
     with connection.cursor() as cursor:
+        params["generic"] = claim_pg.generic_plans("complete")
         cursor.execute(queries.COMPLETE, params)
         row = cursor.fetchone()
     if not row:

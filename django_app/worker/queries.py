@@ -17,7 +17,7 @@ CLAIM = (
     "SELECT o_outcome, o_token, o_number, o_last_dead, o_tenant_id, o_tenant, "
     "o_max_attempts, o_deadline_seconds, o_timezone, o_scheduled_for, o_state, "
     "o_enqueued_at, o_retry_at FROM django_app_claim("
-    "%(id)s, %(scheduled_for)s, %(worker)s, %(now)s, %(lease)s)"
+    "%(id)s, %(scheduled_for)s, %(worker)s, %(now)s, %(lease)s, %(generic)s)"
 )
 
 #: PostgreSQL: the completion of a run in one call of ``django_app_complete()`` (migrations
@@ -28,7 +28,7 @@ CLAIM = (
 COMPLETE = (
     "SELECT o_moved, o_counts, o_released, o_sync FROM django_app_complete("
     "%(id)s, %(scheduled_for)s, %(token)s, %(now)s, %(result)s::jsonb, %(owner)s, "
-    "%(state)s, %(running)s, %(outcome)s)"
+    "%(state)s, %(running)s, %(outcome)s, %(generic)s)"
 )
 
 

@@ -71,13 +71,16 @@ def _buffers(sql: str, params: dict[str, Any]) -> int:
     return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
 
-def _run(occ: Occurrence, key: datetime | None) -> tuple[int, int]:
+def _run(occ: Occurrence, key: datetime | None, generic: bool) -> tuple[int, int]:
     """(buffers of the claim, buffers of the completion) for one run of ``occ``."""
     now = NOW + timedelta(seconds=1)
     claimed = _buffers(
         queries.CLAIM,
-        {"id": occ.id, "scheduled_for": key, "worker": "w", "now": now, "lease": LEASE},
-    )
+        {
+            "id": occ.id, "scheduled_for": key, "worker": "w", "now": now, "lease": LEASE,
+            "generic": generic,
+        },
+    )  # fmt: skip
     token = Occurrence.objects.values_list("fencing_token", flat=True).get(pk=occ.pk)
     completed = _buffers(
         queries.COMPLETE,
@@ -85,23 +88,25 @@ def _run(occ: Occurrence, key: datetime | None) -> tuple[int, int]:
             "id": occ.id, "scheduled_for": key, "token": token, "now": now,
             "result": json.dumps({"ok": 1}), "owner": f"{occ.id}:{token}",
             "state": "SUCCEEDED", "running": "RUNNING", "outcome": "SUCCEEDED",
+            "generic": generic,
         },
     )  # fmt: skip
     assert Occurrence.objects.get(pk=occ.pk).state == "SUCCEEDED"
     return claimed, completed
 
 
-def test_a_run_reads_as_much_with_twelve_more_history_slots(tenant: Any) -> None:
+@pytest.mark.parametrize("generic", [True, False], ids=["kept-session", "first-call"])
+def test_a_run_reads_as_much_with_twelve_more_history_slots(tenant: Any, generic: bool) -> None:
     partitions.ensure(NOW, width=DAY, ahead=1, wait=True)
     occs = [make_occurrence(make_schedule(tenant), NOW) for _ in range(4)]
-    _run(occs[0], KEY)  # the session's first calls plan the functions' statements
-    before = _run(occs[1], KEY)
+    _run(occs[0], KEY, generic)  # the session's first calls plan the functions' statements
+    before = _run(occs[1], KEY, generic)
     partitions.ensure(NOW, width=DAY, ahead=1, behind=SLOTS, wait=True)
     history = make_schedule(tenant)
     for days in range(1, SLOTS + 1):
         _fill(history, NOW.replace(hour=0) - days * DAY)
-    _run(occs[2], KEY)  # new partitions: the plans are made again
-    after = _run(occs[3], KEY)
+    _run(occs[2], KEY, generic)  # new partitions: the plans are made again
+    after = _run(occs[3], KEY, generic)
     # By id alone, each of the run's lookups descends the id index of every slot: a dozen
     # more slots cost a dozen more descents per lookup (the cost this guards against).
     assert after[0] - before[0] <= 4, (before, after)
@@ -148,3 +153,15 @@ def test_the_worker_claims_with_the_messages_time_and_completes_with_the_claims(
     )
     assert outcome["outcome"] == "SUCCEEDED", outcome
     assert keys == [at, at]
+
+
+@pytest.mark.django_db(transaction=True)  # so that close() ends the session
+def test_generic_plans_only_once_a_session_ran_the_function_before() -> None:
+    connection.ensure_connection()
+    connection.close()
+    connection.ensure_connection()  # a new session, as after a task on Celery's defaults
+    assert [claim_pg.generic_plans("claim") for _ in range(3)] == [False, True, True]
+    assert claim_pg.generic_plans("complete") is False  # each function's own first call
+    connection.close()
+    connection.ensure_connection()
+    assert claim_pg.generic_plans("claim") is False
