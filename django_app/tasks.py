@@ -228,9 +228,12 @@ def scheduled_run(
     claimed: claim.ClaimResult, message: Mapping[str, Any] | None
 ) -> ScheduledRun | None:
     """The body's view of its run: the claim's facts plus the message's (no query)."""
-    scheduled_for = message_time(message)
-    if message is None or scheduled_for is None:
+    sent_for = message_time(message)
+    if message is None or sent_for is None:
         return None
+    # The row's time, as the claim read it (the fence's lookup uses it as the partition
+    # key); the message's is the same instant.
+    scheduled_for = claimed.scheduled_for or sent_for
     version = int(message.get("schedule_version") or 0)
     attempt = claimed.attempts_in_run or 1
     if (claimed.attempt_number or 1) > attempt:

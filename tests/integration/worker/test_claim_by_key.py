@@ -17,6 +17,7 @@ import pytest
 from celery import Celery
 from django.db import connection
 
+from celery_scheduler import idempotent_task
 from celery_scheduler.core.clock import FrozenClock
 from django_app import tasks
 from django_app.db import partitions
@@ -39,6 +40,11 @@ app = Celery("claim-by-key-tests", set_as_current=False)
 @app.task(name="tests.claim_by_key.plain")
 def plain() -> int:
     return 1
+
+
+@idempotent_task(app=app, name="tests.claim_by_key.once")
+def once() -> int:
+    return 2
 
 
 def _fill(schedule: Schedule, day: datetime, rows: int = 300) -> None:
@@ -165,3 +171,20 @@ def test_generic_plans_only_once_a_session_ran_the_function_before() -> None:
     connection.close()
     connection.ensure_connection()
     assert claim_pg.generic_plans("claim") is False
+
+
+def test_a_message_whose_time_is_not_the_rows_still_runs_and_commits_its_effect(
+    tenant: Any,
+) -> None:
+    """The claim falls back to the lookup by id; the fence of ``@idempotent_task`` then
+    takes the row's time from the claim, not the message's (else it would find no row and
+    roll the effect back as stale)."""
+    at = datetime.now(UTC).replace(microsecond=0)
+    occ = make_occurrence(make_schedule(tenant, task="tests.claim_by_key.once"), at)
+    message = {**message_kwargs(occ), "scheduled_for": (at + timedelta(seconds=1)).isoformat()}
+    outcome = tasks.execute(
+        app, str(occ.id), "tests.claim_by_key.once", [], {}, worker_name="w", message=message,
+        body=lambda: once(),
+    )  # fmt: skip
+    assert outcome["outcome"] == "SUCCEEDED", outcome
+    assert Occurrence.objects.get(pk=occ.pk).state == "SUCCEEDED"
