@@ -2,9 +2,9 @@
 
 ``django_app_claim()`` and ``django_app_complete()`` (migrations 0021, 0022) looked the
 occurrence and its attempt up by id alone. On the partitioned history tables an id is
-unique only with ``scheduled_for``, so each of those lookups probed every populated
-partition: with a retention window of 30 daily slots, a run's two calls cost about a third
-more than with one (bench/README.md, "Worker throughput"). The worker knows the time: the
+unique only with ``scheduled_for``, so each of those lookups probed every partition of the
+retention window (bench/README.md, "The claim and completion by partition key", has what it
+cost). The worker knows the time: the
 relay's message carries it to the claim, and the claim returns it to the completion. Both
 functions now take it as their second argument and prune to its one partition. A call
 without it (NULL: a message from before this change, or a caller that has only the id)
@@ -22,11 +22,13 @@ Celery's default) it does not, and each statement is planned for its one partiti
 setting is the function's own (its ``SET`` clause restores it on exit).
 
 Same locks in the same order, same writes, same results as the functions they replace.
+Those stay (other signatures, so both exist): workers of the previous version, still
+running between this migration and their restart, keep claiming and completing through
+them. A later migration drops them.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from django.db import migrations
@@ -167,8 +169,6 @@ END
 $fn$
 """
 
-OLD_CLAIM = "django_app_claim(uuid, text, timestamptz, interval)"
-OLD_COMPLETE = "django_app_complete(uuid, bigint, timestamptz, jsonb, text, text, text, text)"
 NEW_CLAIM = "django_app_claim(uuid, timestamptz, text, timestamptz, interval, boolean)"
 NEW_COMPLETE = (
     "django_app_complete(uuid, timestamptz, bigint, timestamptz, jsonb, text, text, text, text, "
@@ -180,8 +180,6 @@ def forward(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(f"DROP FUNCTION IF EXISTS {OLD_CLAIM}")
-        cursor.execute(f"DROP FUNCTION IF EXISTS {OLD_COMPLETE}")
         cursor.execute(CLAIM)
         cursor.execute(COMPLETE)
 
@@ -189,13 +187,9 @@ def forward(apps: Any, schema_editor: Any) -> None:
 def backward(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
-    claim = importlib.import_module("django_app.migrations.0021_claim_function")
-    complete = importlib.import_module("django_app.migrations.0022_complete_function")
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(f"DROP FUNCTION IF EXISTS {NEW_CLAIM}")
         cursor.execute(f"DROP FUNCTION IF EXISTS {NEW_COMPLETE}")
-        cursor.execute(claim.FUNCTION)
-        cursor.execute(complete.FUNCTION)
 
 
 class Migration(migrations.Migration):

@@ -188,3 +188,23 @@ def test_a_message_whose_time_is_not_the_rows_still_runs_and_commits_its_effect(
     )  # fmt: skip
     assert outcome["outcome"] == "SUCCEEDED", outcome
     assert Occurrence.objects.get(pk=occ.pk).state == "SUCCEEDED"
+
+
+def test_workers_of_the_previous_version_still_claim_and_complete_during_an_upgrade(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Migration 0025 adds the keyed functions beside 0021's and 0022's: a worker not yet
+    restarted calls the old signatures, which must still be there and work."""
+    at = frozen_clock.now()
+    occ = make_occurrence(make_schedule(tenant), at)
+    claim_args: list[Any] = [occ.id, "old-worker", at, LEASE]
+    with connection.cursor() as cur:
+        cur.execute("SELECT o_outcome, o_token FROM django_app_claim(%s, %s, %s, %s)", claim_args)
+        outcome, token = cur.fetchone()
+        cur.execute(
+            "SELECT o_moved FROM django_app_complete(%s, %s, %s, %s::jsonb, %s, %s, %s, %s)",
+            [occ.id, token, at, "1", f"{occ.id}:{token}", "SUCCEEDED", "RUNNING", "SUCCEEDED"],
+        )
+        (moved,) = cur.fetchone()
+    assert (outcome, moved) == ("claimed", 1)
+    assert Occurrence.objects.get(pk=occ.pk).state == "SUCCEEDED"
