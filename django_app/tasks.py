@@ -140,10 +140,10 @@ def execute(
     settings = conf.get()  # the worker's entry point: read once, passed down
     lease = lease or timedelta(seconds=settings.occurrence_lease_seconds)
     drop_if_broken()  # a connection kept from an earlier task may have been broken by it
+    sent_for = message_time(message)
     claimed = claim.claim(
-        occurrence_id, worker=worker_name, clock=clock, lease=lease,
-        scheduled_for=message_time(message),
-    )  # fmt: skip
+        occurrence_id, worker=worker_name, clock=clock, lease=lease, scheduled_for=sent_for
+    )
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
     token = claimed.fencing_token
@@ -165,7 +165,7 @@ def execute(
     try:
         with occurrence_context(
             occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock,
-            run=scheduled_run(claimed, message),
+            run=scheduled_run(claimed, message, sent_for),
         ):  # fmt: skip
             value = body() if body is not None else target(*args, **kwargs)
     except Exception as exc:
@@ -225,10 +225,10 @@ def message_time(message: Mapping[str, Any] | None) -> datetime | None:
 
 
 def scheduled_run(
-    claimed: claim.ClaimResult, message: Mapping[str, Any] | None
+    claimed: claim.ClaimResult, message: Mapping[str, Any] | None, sent_for: datetime | None
 ) -> ScheduledRun | None:
-    """The body's view of its run: the claim's facts plus the message's (no query)."""
-    sent_for = message_time(message)
+    """The body's view of its run: the claim's facts plus the message's (no query);
+    ``sent_for`` is the message's time (:func:`message_time`)."""
     if message is None or sent_for is None:
         return None
     # The row's time, as the claim read it (the fence's lookup uses it as the partition

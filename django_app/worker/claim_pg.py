@@ -54,7 +54,10 @@ class Claimed:
 
 #: Per function, the database sessions that already called it (held weakly: a closed
 #: connection drops out).
-_WARM_SESSIONS: dict[str, weakref.WeakSet[Any]] = {}
+_WARM_SESSIONS: dict[str, weakref.WeakSet[Any]] = {
+    "claim": weakref.WeakSet(),
+    "complete": weakref.WeakSet(),
+}
 
 
 def generic_plans(function: str) -> bool:
@@ -67,7 +70,7 @@ def generic_plans(function: str) -> bool:
     reuses them. Call it with the connection open.
     """
     session = connection.connection
-    warm = _WARM_SESSIONS.setdefault(function, weakref.WeakSet())
+    warm = _WARM_SESSIONS[function]
     if session is None or session in warm:
         return session is not None
     warm.add(session)

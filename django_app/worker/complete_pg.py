@@ -11,8 +11,8 @@ and the caller runs the portable path instead.
 
 Issued outside ``transaction.atomic()`` (autocommit), the statement is its own
 transaction: the portable path's BEGIN, four statements and COMMIT become one round trip.
-It is a call of ``django_app_complete()`` (migrations 0022, 0025), whose plan the server keeps for
-the session.
+It is a call of ``django_app_complete()`` (migrations 0022, 0025), whose statements the
+server plans once per kept session (:func:`django_app.worker.claim_pg.generic_plans`).
 
 Its commit is asynchronous: the statement sets ``synchronous_commit = off`` for its own
 transaction only (``set_config(..., true)``, the ``SET LOCAL`` of a one-statement
