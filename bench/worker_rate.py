@@ -2,6 +2,7 @@
 
     python -m bench.worker_rate [--concurrency 1,2,4] [--plain 5000] [--runs 2000]
                                 [--history-days 0] [--history-rows 20000]
+                                [--drop-index INDEX,...]
 
 For each ``-c`` (prefork, Redis broker, PostgreSQL, the example project's defaults):
 
@@ -22,7 +23,14 @@ child: ``bench.worker_tasks``), the database's transactions and sessions
 (``pg_stat_database`` deltas of this database) and the WAL bytes of this database's
 transactions (``pg_walinspect`` over the run's LSN range, records of transactions that
 touched this database: other databases on the cluster do not count). The ratio is the
-scheduled rate over the plain rate at the same ``-c``.
+scheduled rate over the plain rate at the same ``-c``. CPU per run (from the tenth run on,
+sampled from ``/proc`` every 0.2 s) is given for the worker's parent, its children, this
+database's backends and redis-server: on a shared 2-core machine the rates move by 15 % from
+one run to the next, the CPU a run costs each process much less.
+
+``--drop-index a,b`` drops those indexes for the run and creates them again at its end: what
+an index costs the worker path, as an experiment (bench/README.md, "What the occurrence's
+indexes cost a run").
 
 ``DATABASE_URL`` (default ``postgres://postgres@127.0.0.1:5432/cs_worker``) and
 ``--broker`` (default ``redis://127.0.0.1:6379/5``) are wiped (scheduler tables, the Redis
@@ -123,7 +131,7 @@ class WalMeter(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        with psycopg.connect(self.db, autocommit=True) as conn:
+        with psycopg.connect(self.db, autocommit=True, application_name=METER) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             while self.total is not None:
                 last = self.done.wait(1.0)
@@ -152,6 +160,90 @@ class WalMeter(threading.Thread):
         self.done.set()
         self.join()
         return self.total
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The application_name of this harness's own sessions (the WAL and CPU meters): their
+#: backends' CPU is not a run's.
+METER = "bench-meter"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """A process's user + system CPU so far (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_snapshot(db: str, worker_pid: int) -> dict[str, dict[int, float]]:
+    """CPU so far of the worker's parent, its children, this database's client backends
+    and redis-server, by pid."""
+    children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children")
+    child_pids = [int(x) for x in children.read_text().split()] if children.exists() else []
+    with psycopg.connect(db, autocommit=True, application_name=METER) as conn:
+        backends = [
+            r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend' AND application_name <> %s",
+                [METER],
+            )
+        ]  # fmt: skip
+    redis_pids = [
+        int(d) for d in os.listdir("/proc")
+        if d.isdigit() and _comm(int(d)) == "redis-server"
+    ]  # fmt: skip
+    groups = dict(zip(CPU_GROUPS, ([worker_pid], child_pids, backends, redis_pids), strict=True))
+    snapshot: dict[str, dict[int, float]] = {}
+    for name, pids in groups.items():
+        snapshot[name] = {p: c for p in pids if (c := cpu_seconds(p)) is not None}
+    return snapshot
+
+
+CPU_GROUPS = ("parent", "children", "postgres", "redis")
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+class CpuMeter(threading.Thread):
+    """CPU per group between start and stop, sampled every 0.2 s: the worker closes its
+    database connection every ``CELERY_DB_REUSE_MAX`` tasks, so backends come and go. A
+    process seen first after the start counts from zero (its whole life is the run's); one
+    that ends counts up to its last sample (at most 0.2 s of it is missed)."""
+
+    def __init__(self, db: str, worker_pid: int) -> None:
+        super().__init__(daemon=True)
+        self.db, self.worker_pid = db, worker_pid
+        self.first = cpu_snapshot(db, worker_pid)
+        self.last = {name: dict(pids) for name, pids in self.first.items()}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            self.sample()
+
+    def sample(self) -> None:
+        for name, pids in cpu_snapshot(self.db, self.worker_pid).items():
+            self.last[name].update(pids)
+
+    def stop(self, runs: int) -> dict[str, float]:
+        """Milliseconds of CPU per run by group."""
+        self.done.set()
+        self.join()
+        self.sample()
+        out = {}
+        for name, last in self.last.items():
+            spent = sum(c - self.first[name].get(p, 0.0) for p, c in last.items())
+            out[name] = round(1000 * spent / max(runs, 1), 3)
+        return out
 
 
 def reset(db: str, broker: str) -> None:
@@ -305,6 +397,26 @@ def read_stats(stats: Path) -> Counter[str]:
 HISTORY = (0, 0)
 
 
+def drop_indexes(db: str, names: list[str]) -> list[str]:
+    """Drop ``names`` (partitioned: every partition's too); returns their definitions."""
+    definitions = []
+    with psycopg.connect(db, autocommit=True) as conn:
+        for name in names:
+            row = conn.execute("SELECT pg_get_indexdef(%s::regclass)", [name]).fetchone()
+            assert row is not None, name
+            definitions.append(str(row[0]).replace(" ON ONLY ", " ON "))
+            conn.execute(f'DROP INDEX "{name}"')
+    if names:
+        print(f"dropped for this run: {', '.join(names)}", flush=True)
+    return definitions
+
+
+def restore_indexes(db: str, definitions: list[str]) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        for definition in definitions:
+            conn.execute(definition)
+
+
 def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> dict[str, Any]:
     lines = work / f"lines-{mode}-{c}.txt"
     stats = work / "stats"
@@ -328,9 +440,14 @@ def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> di
             cwd=CODE, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
+            # CPU is counted from the tenth of the runs on: the worker's start-up is not in it.
+            wait_for(lambda: line_count(lines) >= n // 10, time.monotonic() + 900, "runs")
+            meter, first_lines = CpuMeter(db, worker.pid), line_count(lines)
+            meter.start()
             wait_for(lambda: line_count(lines) >= n, time.monotonic() + 900, f"{n} lines")
             if mode != "plain":
                 wait_for(lambda: succeeded(db) >= n, time.monotonic() + 60, "the completions")
+            cpu = meter.stop(n - first_lines)
         finally:
             stop(worker)
     time.sleep(1.5)  # backends flush their statistics when they exit
@@ -354,6 +471,7 @@ def run_point(mode: str, n: int, c: int, db: str, broker: str, work: Path) -> di
         "rows_written_per_run": round(
             (delta["inserted"] + delta["updated"] + delta["deleted"]) / n, 2
         ),
+        "cpu_ms_per_run": cpu,
     }  # fmt: skip
     if mode != "plain":
         point["wal_bytes_per_run"] = None if wal_total is None else round(wal_total / n)
@@ -384,6 +502,11 @@ def main(argv: list[str]) -> None:
         help="daily history slots before today, seeded before each scheduled point",
     )  # fmt: skip
     parser.add_argument("--history-rows", type=int, default=20_000, help="rows per slot")
+    parser.add_argument(
+        "--drop-index", default="",
+        help="comma-separated indexes of the database to drop for this run and create again "
+        "at its end: what an index costs the worker path (an experiment, not a setting)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     global CODE, HISTORY
     HISTORY = (args.history_days, args.history_rows)
@@ -400,6 +523,15 @@ def main(argv: list[str]) -> None:
 
     call_command("migrate", verbosity=0, interactive=False)
     work = Path(tempfile.mkdtemp(prefix="worker_rate-"))
+    dropped = drop_indexes(db, [x for x in args.drop_index.split(",") if x])
+    try:
+        points = run_points(args, db, work)
+    finally:
+        restore_indexes(db, dropped)
+    report(points, argv, work)
+
+
+def run_points(args: argparse.Namespace, db: str, work: Path) -> list[dict[str, Any]]:
     points = []
     for c in [int(x) for x in args.concurrency.split(",")]:
         for mode in args.modes.split(","):
@@ -407,8 +539,13 @@ def main(argv: list[str]) -> None:
             point = run_point(mode, n, c, db, args.broker, work)
             points.append(point)
             print(json.dumps(point), flush=True)
+    return points
+
+
+def report(points: list[dict[str, Any]], argv: list[str], work: Path) -> None:
     print(f"\n{'-c':>3} {'mode':<11} {'runs/s':>8} {'ratio':>6} {'stmts':>6} {'conns':>6} "
-          f"{'xacts':>6} {'rows':>6} {'WAL B':>7}")  # fmt: skip
+          f"{'xacts':>6} {'rows':>6} {'WAL B':>7}   CPU ms/run: parent children postgres "
+          f"redis")  # fmt: skip
     for p in points:
         plain = next((q for q in points if q["mode"] == "plain" and q["c"] == p["c"]), None)
         ratio = f"{p['per_s'] / plain['per_s']:.2f}" if plain else "-"
@@ -416,7 +553,8 @@ def main(argv: list[str]) -> None:
             f"{p['c']:>3} {p['mode']:<11} {p['per_s']:>8.1f} {ratio:>6} "
             f"{p['statements_per_run']:>6} {p['connections_per_run']:>6} "
             f"{p['transactions_per_run']:>6} {p['rows_written_per_run']:>6} "
-            f"{p.get('wal_bytes_per_run') or '-':>7}"
+            f"{p.get('wal_bytes_per_run') or '-':>7}   "
+            + " ".join(f"{p['cpu_ms_per_run'][k]:.2f}" for k in CPU_GROUPS)
         )
     by_c = {(p["mode"], p["c"]): p for p in points}
     for c in sorted({p["c"] for p in points}):
