@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from django.db import models
 from django.db.models import Q
@@ -30,6 +30,9 @@ from celery_scheduler.core.enums import ScheduleState
 from celery_scheduler.core.states import UNCLAIMED, sources_of, state_values
 
 _UNSET: Any = object()
+#: A queryset of a model with the partition key ``scheduled_for`` (occurrence, attempt,
+#: outbox entry).
+KeyedRows = TypeVar("KeyedRows", bound=models.QuerySet[Any])
 
 
 def _cursor_lookup(name: str) -> str:
@@ -189,18 +192,20 @@ def transition(
     only_from: S | Iterable[S] | None = None,
     if_token: int | None = None,
     stale: Callable[[], Exception] | None = None,
+    scheduled_for: datetime | None = None,
     **fields: Any,
 ) -> bool:
     """Move one occurrence to ``target`` by the conditional UPDATE and check the row count.
 
     True when the row moved. When it did not (another writer got there first: a newer
     attempt, the reaper, a lifecycle call), raises ``stale()`` if given, else returns False;
-    it never overwrites.
+    it never overwrites. ``scheduled_for``, the row's own (as a claim read it), is the
+    partitioned history's key: the UPDATE then reads one slot, not every slot's id index.
     """
     # deferred (manager): the models name their managers, defined here
     from django_app.models import Occurrence
 
-    moved = Occurrence.objects.filter(pk=occurrence_id).transition(
+    moved = by_key(Occurrence.objects.filter(pk=occurrence_id), scheduled_for).transition(
         target, only_from=only_from, if_token=if_token, **fields
     )
     if moved == 1:
@@ -208,6 +213,12 @@ def transition(
     if stale is not None:
         raise stale()
     return False
+
+
+def by_key(rows: KeyedRows, scheduled_for: datetime | None) -> KeyedRows:
+    """``rows`` narrowed to the partition key ``scheduled_for`` when it is known (the
+    occurrence's own time; its attempts and outbox row carry the same)."""
+    return rows if scheduled_for is None else rows.filter(scheduled_for=scheduled_for)
 
 
 def fill_partition_key(rows: Iterable[Any]) -> None:

@@ -153,7 +153,9 @@ def execute(
         error = f"UnknownTask: no task {task!r} is registered in this worker"
         if _finish(
             "failure",
-            lambda: finish.fail(occurrence_id, token, error, clock=clock),
+            lambda: finish.fail(
+                occurrence_id, token, error, clock=clock, scheduled_for=claimed.scheduled_for
+            ),
             occurrence_id,
             clock,
         ):
@@ -161,7 +163,7 @@ def execute(
         return {"outcome": "DEAD", "reason": error}
     if not _lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
-    heartbeat = heartbeats.hold(occurrence_id, token, lease, clock)
+    heartbeat = heartbeats.hold(occurrence_id, token, lease, clock, claimed.scheduled_for)
     try:
         with occurrence_context(
             occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock,
@@ -186,7 +188,14 @@ def execute(
         error = f"{error}\n[{decision.reason}]"
         ok = _finish(
             "failure",
-            lambda: finish.fail(occurrence_id, token, error, retry_at=retry_at, clock=clock),
+            lambda: finish.fail(
+                occurrence_id,
+                token,
+                error,
+                retry_at=retry_at,
+                clock=clock,
+                scheduled_for=claimed.scheduled_for,
+            ),
             occurrence_id,
             clock,
         )
@@ -268,7 +277,10 @@ def _lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock
     assert claimed.started_at is not None
     if clock.now() - claimed.started_at < lease / 3:  # the heartbeat's renewal period
         return True
-    return finish.renew(claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease)
+    return finish.renew(
+        claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease,
+        scheduled_for=claimed.scheduled_for,
+    )  # fmt: skip
 
 
 def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Max, Q
@@ -305,14 +306,14 @@ def _lose_previous(occ: Occurrence, now: datetime) -> None:
         ).update(outcome=AttemptOutcome.LOST, finished_at=now, error="lease expired")
 
 
-def _transition(occ: Occurrence, target: S, **fields: object) -> None:
+def _transition(occ: Occurrence, target: S, **fields: Any) -> None:
     """Move ``occ`` to ``target`` iff its state and fencing token are still the ones read."""
     transition(
         occ.pk, target, only_from=S(occ.state), if_token=occ.fencing_token,
         stale=lambda: errors.StaleWrite(
             f"occurrence {occ.pk} changed under the claim lock ({occ.state})"
         ),
-        **fields,
+        scheduled_for=occ.scheduled_for, **fields,
     )  # fmt: skip
 
 

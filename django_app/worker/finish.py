@@ -23,7 +23,7 @@ from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from django_app import conf, observe
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
-from django_app.querysets import transition
+from django_app.querysets import by_key, transition
 from django_app.worker import complete_pg, limits, waiting
 
 logger = logging.getLogger("celery_scheduler.worker")
@@ -46,7 +46,7 @@ def republish(occ: Occurrence, at: datetime) -> None:
     unanswered publishes starts over: the redelivery backoff must not read these copies as
     a long queue (:func:`django_app.relay.redelivery.lost_after`).
     """
-    n = OutboxEntry.objects.filter(occurrence_id=occ.pk).update(
+    n = by_key(OutboxEntry.objects.filter(occurrence_id=occ.pk), occ.scheduled_for).update(
         sent_at=None, available_at=at, claimed_by="", claim_expires_at=None, publish_count=0
     )
     if n == 0:  # occurrences created without an outbox row (imports, tests)
@@ -109,11 +109,13 @@ def renew(
     *,
     clock: Clock | None = None,
     lease: timedelta | None = None,
+    scheduled_for: datetime | None = None,
 ) -> bool:
     """Extend the occurrence lease and the attempt's slot lease; False if the token is stale.
 
     False means another attempt (or the reaper) owns the occurrence now: stop renewing; the
-    completion will be rejected.
+    completion will be rejected. ``scheduled_for`` (the claim's) keeps it to the
+    occurrence's history partition.
     """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
@@ -121,11 +123,13 @@ def renew(
     with transaction.atomic():
         # RUNNING -> RUNNING under the same token: only the lease moves.
         if not transition(
-            occ_id, S.RUNNING, only_from=S.RUNNING, if_token=token, lease_expires_at=expires
-        ):
+            occ_id, S.RUNNING, only_from=S.RUNNING, if_token=token, lease_expires_at=expires,
+            scheduled_for=scheduled_for,
+        ):  # fmt: skip
             observe.worker_event("lease_lost")
             return False
-        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(heartbeat_at=now)
+        attempt = by_key(Attempt.objects.filter(occurrence_id=occ_id), scheduled_for)
+        attempt.filter(fencing_token=token).update(heartbeat_at=now)
         ConcurrencySlot.objects.filter(owner=slot_owner(occ_id, token)).update(expires_at=expires)
     return True
 
@@ -177,32 +181,37 @@ def fail(
     *,
     retry_at: datetime | None = None,
     clock: Clock | None = None,
+    scheduled_for: datetime | None = None,
 ) -> S:
     """RUNNING -> RETRY_WAIT (``retry_at`` given: republished then) or -> DEAD, iff fenced.
 
     Returns the new state; raises :class:`errors.StaleWrite` if ``token`` is not current.
+    ``scheduled_for`` (the claim's) keeps it to the occurrence's history partition.
     """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
     target = S.RETRY_WAIT if retry_at is not None else S.DEAD
     error = error[-_ERROR_LIMIT:]
     with transaction.atomic():
-        schedule = limits.lock_for_failures(occ_id) if target is S.DEAD else None
+        schedule = limits.lock_for_failures(occ_id, scheduled_for) if target is S.DEAD else None
         transition(
             occ_id, target, only_from=S.RUNNING, if_token=token,
             stale=lambda: _rejected("failure", occ_id, token),
             retry_at=retry_at, last_error=error, lease_owner="", lease_expires_at=None,
-            finished_at=now if target is S.DEAD else None,
+            finished_at=now if target is S.DEAD else None, scheduled_for=scheduled_for,
         )  # fmt: skip
         limits.record_outcome(schedule, dead=target is S.DEAD, occurrence_id=occ_id, now=now)
-        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
+        by_key(Attempt.objects.filter(occurrence_id=occ_id), scheduled_for).filter(
+            fencing_token=token
+        ).update(
             outcome=AttemptOutcome.RETRY if retry_at else AttemptOutcome.FAILED,
             finished_at=now,
             error=error,
         )
         _release_slot(occ_id, token, now)
         if retry_at is not None:
-            republish(Occurrence.objects.get(pk=occ_id), retry_at)
+            occ = by_key(Occurrence.objects.filter(pk=occ_id), scheduled_for).get()
+            republish(occ, retry_at)
     observe.worker_event("retries" if retry_at else "dead")
     return target
 

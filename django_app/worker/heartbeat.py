@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, InterfaceError, connection
 
@@ -40,6 +40,8 @@ class Held:
     token: int
     lease: timedelta
     clock: Clock
+    #: The occurrence's time as its claim read it: the history partition's key.
+    scheduled_for: datetime | None
     #: Monotonic time of the next renewal.
     due: float
     #: A renewal found the token stale: the attempt lost its lease.
@@ -73,11 +75,18 @@ class Heartbeats:
         self._wakes_at = 0.0
         self._connected = False
 
-    def hold(self, occurrence_id: str, token: int, lease: timedelta, clock: Clock) -> Held:
+    def hold(
+        self,
+        occurrence_id: str,
+        token: int,
+        lease: timedelta,
+        clock: Clock,
+        scheduled_for: datetime | None = None,
+    ) -> Held:
         """Renew this lease every ``lease / 3`` from now until :meth:`Held.stop`."""
         held = Held(
             occurrence_id=occurrence_id, token=token, lease=lease, clock=clock, owner=self,
-            due=time.monotonic() + lease.total_seconds() / 3,
+            due=time.monotonic() + lease.total_seconds() / 3, scheduled_for=scheduled_for,
         )  # fmt: skip
         with self._cond:
             self._held.add(held)
@@ -128,8 +137,9 @@ class Heartbeats:
         held.due = time.monotonic() + held.period
         try:
             renewed = finish.renew(
-                held.occurrence_id, held.token, clock=held.clock, lease=held.lease
-            )
+                held.occurrence_id, held.token, clock=held.clock, lease=held.lease,
+                scheduled_for=held.scheduled_for,
+            )  # fmt: skip
         except (DatabaseError, InterfaceError):
             # Reconnect for the next renewal: a killed connection is never retried.
             reset_after_error()
@@ -156,6 +166,13 @@ class Heartbeats:
 HEARTBEATS = Heartbeats()
 
 
-def hold(occurrence_id: str, token: int, lease: timedelta, clock: Clock = SYSTEM_CLOCK) -> Held:
-    """Renew a run's lease from this process's heartbeat thread until ``stop()``."""
-    return HEARTBEATS.hold(occurrence_id, token, lease, clock)
+def hold(
+    occurrence_id: str,
+    token: int,
+    lease: timedelta,
+    clock: Clock = SYSTEM_CLOCK,
+    scheduled_for: datetime | None = None,
+) -> Held:
+    """Renew a run's lease from this process's heartbeat thread until ``stop()``;
+    ``scheduled_for`` (the claim's) is the occurrence's partition key."""
+    return HEARTBEATS.hold(occurrence_id, token, lease, clock, scheduled_for)

@@ -28,6 +28,7 @@ from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
 from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleCursor
+from django_app.querysets import by_key
 from django_app.schedules.lifecycle import close_live_version, pause_locked
 
 
@@ -77,10 +78,13 @@ def count_run(schedule: Schedule, occ: Occurrence, now: datetime) -> None:
     Schedule.objects.filter(pk=schedule.pk).update(**fields)
 
 
-def lock_for_failures(occurrence_id: uuid.UUID) -> Schedule | None:
-    """Lock the occurrence's schedule if it counts failures (call first in the transaction)."""
+def lock_for_failures(
+    occurrence_id: uuid.UUID, scheduled_for: datetime | None = None
+) -> Schedule | None:
+    """Lock the occurrence's schedule if it counts failures (call first in the transaction);
+    ``scheduled_for``, when known, is the occurrence's partition key."""
     row = (
-        Occurrence.objects.filter(pk=occurrence_id)
+        by_key(Occurrence.objects.filter(pk=occurrence_id), scheduled_for)
         .values_list("schedule_id", "schedule__pause_after_failures")
         .first()
     )
