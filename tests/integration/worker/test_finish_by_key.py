@@ -65,7 +65,8 @@ def _claimed(tenant: Any, clock: FrozenClock) -> claim.ClaimResult:
     result = claim.claim(
         occ.id, worker="w", clock=clock, lease=LEASE, scheduled_for=occ.scheduled_for
     )
-    assert result.claimed and result.scheduled_for == occ.scheduled_for
+    assert result.claimed
+    assert result.scheduled_for == occ.scheduled_for
     return result
 
 
@@ -77,13 +78,15 @@ def _one_slot_each(touched: dict[str, set[str]], at: datetime) -> None:
 
 def test_a_renewal_reads_the_runs_slot_only(tenant: Any, frozen_clock: FrozenClock) -> None:
     run = _claimed(tenant, frozen_clock)
-    assert run.fencing_token is not None
-    touched = _partitions_scanned(
-        lambda: finish.renew(
+
+    def renew() -> None:
+        assert run.fencing_token is not None
+        finish.renew(
             run.occurrence_id, run.fencing_token, clock=frozen_clock, lease=LEASE,
             scheduled_for=run.scheduled_for,
         )  # fmt: skip
-    )
+
+    touched = _partitions_scanned(renew)
     assert set(touched) == {"django_app_occurrence", "django_app_attempt"}, touched
     _one_slot_each(touched, frozen_clock.now())
     attempt = Attempt.objects.get(occurrence_id=run.occurrence_id)
@@ -95,14 +98,16 @@ def test_a_failure_reads_the_runs_slot_only(
     tenant: Any, frozen_clock: FrozenClock, retry: bool
 ) -> None:
     run = _claimed(tenant, frozen_clock)
-    assert run.fencing_token is not None
     retry_at = frozen_clock.now() + timedelta(seconds=10) if retry else None
-    touched = _partitions_scanned(
-        lambda: finish.fail(
+
+    def fail() -> None:
+        assert run.fencing_token is not None
+        finish.fail(
             run.occurrence_id, run.fencing_token, "boom", retry_at=retry_at,
             clock=frozen_clock, scheduled_for=run.scheduled_for,
         )  # fmt: skip
-    )
+
+    touched = _partitions_scanned(fail)
     _one_slot_each(touched, frozen_clock.now())
     occ = Occurrence.objects.get(pk=run.occurrence_id)
     assert occ.state == ("RETRY_WAIT" if retry else "DEAD")
@@ -137,9 +142,7 @@ def test_a_failing_body_records_its_failure_under_the_rows_time_not_the_messages
     assert [h.scheduled_for for h in held] == [at]
 
 
-def test_the_heartbeat_renews_with_the_key_it_was_given(
-    tenant: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_heartbeat_renews_with_the_key_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
     at = datetime(2034, 3, 15, 12, 0, tzinfo=UTC)
     keys: list[Any] = []
     monkeypatch.setattr(finish, "renew", lambda *a, **kw: keys.append(kw["scheduled_for"]))
