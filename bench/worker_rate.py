@@ -178,19 +178,18 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cpu_snapshot(db: str, worker_pid: int) -> dict[str, dict[int, float]]:
+def cpu_snapshot(conn: psycopg.Connection[Any], worker_pid: int) -> dict[str, dict[int, float]]:
     """CPU so far of the worker's parent, its children, this database's client backends
-    and redis-server, by pid."""
+    and redis-server, by pid (``conn``: the meter's own session, left out)."""
     children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children")
     child_pids = [int(x) for x in children.read_text().split()] if children.exists() else []
-    with psycopg.connect(db, autocommit=True, application_name=METER) as conn:
-        backends = [
-            r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND backend_type = 'client backend' AND application_name <> %s",
-                [METER],
-            )
-        ]  # fmt: skip
+    backends = [
+        r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND application_name <> %s",
+            [METER],
+        )
+    ]  # fmt: skip
     redis_pids = [
         int(d) for d in os.listdir("/proc")
         if d.isdigit() and _comm(int(d)) == "redis-server"
@@ -221,8 +220,11 @@ class CpuMeter(threading.Thread):
 
     def __init__(self, db: str, worker_pid: int) -> None:
         super().__init__(daemon=True)
-        self.db, self.worker_pid = db, worker_pid
-        self.first = cpu_snapshot(db, worker_pid)
+        # One session for every sample: a connection per sample would add a backend's
+        # start-up to the server's load five times a second.
+        self.conn = psycopg.connect(db, autocommit=True, application_name=METER)
+        self.worker_pid = worker_pid
+        self.first = cpu_snapshot(self.conn, worker_pid)
         self.last = {name: dict(pids) for name, pids in self.first.items()}
         self.done = threading.Event()
 
@@ -231,7 +233,7 @@ class CpuMeter(threading.Thread):
             self.sample()
 
     def sample(self) -> None:
-        for name, pids in cpu_snapshot(self.db, self.worker_pid).items():
+        for name, pids in cpu_snapshot(self.conn, self.worker_pid).items():
             self.last[name].update(pids)
 
     def stop(self, runs: int) -> dict[str, float]:
@@ -239,6 +241,7 @@ class CpuMeter(threading.Thread):
         self.done.set()
         self.join()
         self.sample()
+        self.conn.close()
         out = {}
         for name, last in self.last.items():
             spent = sum(c - self.first[name].get(p, 0.0) for p, c in last.items())
