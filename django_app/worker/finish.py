@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, QuerySet
 
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
@@ -103,6 +103,14 @@ def _rejected(verb: str, occurrence_id: uuid.UUID, token: int) -> errors.StaleWr
     )
 
 
+def _attempt(
+    occurrence_id: uuid.UUID, token: int, scheduled_for: datetime | None
+) -> QuerySet[Attempt]:
+    """The attempt that holds ``token``, found by its partition key when it is known."""
+    rows = Attempt.objects.filter(occurrence_id=occurrence_id, fencing_token=token)
+    return by_key(rows, scheduled_for)
+
+
 def renew(
     occurrence_id: uuid.UUID | str,
     token: int,
@@ -128,8 +136,7 @@ def renew(
         ):  # fmt: skip
             observe.worker_event("lease_lost")
             return False
-        attempt = by_key(Attempt.objects.filter(occurrence_id=occ_id), scheduled_for)
-        attempt.filter(fencing_token=token).update(heartbeat_at=now)
+        _attempt(occ_id, token, scheduled_for).update(heartbeat_at=now)
         ConcurrencySlot.objects.filter(owner=slot_owner(occ_id, token)).update(expires_at=expires)
     return True
 
@@ -161,14 +168,16 @@ def complete(
         if not counts_failures:
             raise _rejected("completion", occ_id, token)
     with transaction.atomic():
-        schedule = limits.lock_for_failures(occ_id)  # schedule before occurrence, as claims
+        # The schedule before the occurrence, as claims lock them.
+        schedule = limits.lock_for_failures(occ_id, scheduled_for)
         transition(
             occ_id, S.SUCCEEDED, only_from=S.RUNNING, if_token=token,
             stale=lambda: _rejected("completion", occ_id, token),
             finished_at=now, result=result, lease_owner="", lease_expires_at=None, retry_at=None,
+            scheduled_for=scheduled_for,
         )  # fmt: skip
         limits.record_outcome(schedule, dead=False, occurrence_id=occ_id, now=now)
-        Attempt.objects.filter(occurrence_id=occ_id, fencing_token=token).update(
+        _attempt(occ_id, token, scheduled_for).update(
             outcome=AttemptOutcome.SUCCEEDED, finished_at=now, result=result
         )
         _release_slot(occ_id, token, now)
@@ -201,9 +210,7 @@ def fail(
             finished_at=now if target is S.DEAD else None, scheduled_for=scheduled_for,
         )  # fmt: skip
         limits.record_outcome(schedule, dead=target is S.DEAD, occurrence_id=occ_id, now=now)
-        by_key(Attempt.objects.filter(occurrence_id=occ_id), scheduled_for).filter(
-            fencing_token=token
-        ).update(
+        _attempt(occ_id, token, scheduled_for).update(
             outcome=AttemptOutcome.RETRY if retry_at else AttemptOutcome.FAILED,
             finished_at=now,
             error=error,

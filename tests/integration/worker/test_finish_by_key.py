@@ -59,9 +59,9 @@ def _partitions_scanned(call: Any) -> dict[str, set[str]]:
     return touched
 
 
-def _claimed(tenant: Any, clock: FrozenClock) -> claim.ClaimResult:
+def _claimed(tenant: Any, clock: FrozenClock, **schedule: Any) -> claim.ClaimResult:
     partitions.ensure(clock.now(), width=DAY, ahead=1, behind=SLOTS, wait=True)
-    occ = make_occurrence(make_schedule(tenant), clock.now())
+    occ = make_occurrence(make_schedule(tenant, **schedule), clock.now())
     result = claim.claim(
         occ.id, worker="w", clock=clock, lease=LEASE, scheduled_for=occ.scheduled_for
     )
@@ -115,6 +115,25 @@ def test_a_failure_reads_the_runs_slot_only(
         assert "django_app_outboxentry" in touched
         outbox = OutboxEntry.objects.get(occurrence_id=occ.pk)
         assert (outbox.sent_at, outbox.available_at) == (None, retry_at)
+
+
+def test_a_completion_of_a_schedule_that_counts_failures_reads_the_runs_slot_only(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Such a completion runs the portable transaction (it resets the failure count)."""
+    run = _claimed(tenant, frozen_clock, pause_after_failures=3)
+
+    def complete() -> None:
+        assert run.fencing_token is not None
+        finish.complete(
+            run.occurrence_id, run.fencing_token, {"ok": 1}, clock=frozen_clock,
+            scheduled_for=run.scheduled_for,
+        )  # fmt: skip
+
+    touched = _partitions_scanned(complete)
+    _one_slot_each(touched, frozen_clock.now())
+    assert Occurrence.objects.get(pk=run.occurrence_id).state == "SUCCEEDED"
+    assert Attempt.objects.get(occurrence_id=run.occurrence_id).outcome == "SUCCEEDED"
 
 
 def test_a_failing_body_records_its_failure_under_the_rows_time_not_the_messages(
