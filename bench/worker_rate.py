@@ -178,7 +178,13 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cpu_snapshot(conn: psycopg.Connection[Any], worker_pid: int) -> dict[str, dict[int, float]]:
+def redis_server_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and _comm(int(d)) == "redis-server"]
+
+
+def cpu_snapshot(
+    conn: psycopg.Connection[Any], worker_pid: int, redis_pids: list[int]
+) -> dict[str, dict[int, float]]:
     """CPU so far of the worker's parent, its children, this database's client backends
     and redis-server, by pid (``conn``: the meter's own session, left out)."""
     children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children")
@@ -189,10 +195,6 @@ def cpu_snapshot(conn: psycopg.Connection[Any], worker_pid: int) -> dict[str, di
             "AND backend_type = 'client backend' AND application_name <> %s",
             [METER],
         )
-    ]  # fmt: skip
-    redis_pids = [
-        int(d) for d in os.listdir("/proc")
-        if d.isdigit() and _comm(int(d)) == "redis-server"
     ]  # fmt: skip
     groups = dict(zip(CPU_GROUPS, ([worker_pid], child_pids, backends, redis_pids), strict=True))
     snapshot: dict[str, dict[int, float]] = {}
@@ -224,7 +226,8 @@ class CpuMeter(threading.Thread):
         # start-up to the server's load five times a second.
         self.conn = psycopg.connect(db, autocommit=True, application_name=METER)
         self.worker_pid = worker_pid
-        self.first = cpu_snapshot(self.conn, worker_pid)
+        self.redis_pids = redis_server_pids()  # once: the server outlives the run
+        self.first = cpu_snapshot(self.conn, worker_pid, self.redis_pids)
         self.last = {name: dict(pids) for name, pids in self.first.items()}
         self.done = threading.Event()
 
@@ -233,7 +236,7 @@ class CpuMeter(threading.Thread):
             self.sample()
 
     def sample(self) -> None:
-        for name, pids in cpu_snapshot(self.conn, self.worker_pid).items():
+        for name, pids in cpu_snapshot(self.conn, self.worker_pid, self.redis_pids).items():
             self.last[name].update(pids)
 
     def stop(self, runs: int) -> dict[str, float]:
