@@ -250,6 +250,25 @@ def rename_index(index: str, name: str) -> str:
     return f"ALTER INDEX {q(index)} RENAME TO {q(name)}"
 
 
+def create_index(
+    name: str, table: str, body: str, *, only: bool = False, concurrently: bool = False
+) -> str:
+    """``CREATE INDEX name ON table <body>``; ``body``: the columns and any ``WHERE``."""
+    how = " CONCURRENTLY" if concurrently else ""
+    on = "ONLY " if only else ""
+    return f"CREATE INDEX{how} {q(name)} ON {on}{q(table)} {body}"
+
+
+def attach_index(parent: str, child: str) -> str:
+    """Make ``child`` (a partition's index) a part of the partitioned index ``parent``."""
+    return f"ALTER INDEX {q(parent)} ATTACH PARTITION {q(child)}"
+
+
+def drop_index(name: str, *, concurrently: bool = False) -> str:
+    how = " CONCURRENTLY" if concurrently else ""
+    return f"DROP INDEX{how} IF EXISTS {q(name)}"
+
+
 def key_not_null(table: str, *, required: bool = True) -> str:
     """``table``'s key column made NOT NULL (``required``) or nullable again."""
     what = "SET" if required else "DROP"
