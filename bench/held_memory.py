@@ -1,12 +1,15 @@
 """Memory of a burst held in one BurstRelay: RSS before and after claiming N prepared rows.
 
-    python -m bench.held_memory --n 100000
+    python -m bench.held_memory --n 100000 [--fire] [--history-days 0] [--history-rows 20000]
 
 Recreates the PostgreSQL database ``cs_scale_mem``, seeds N one-off schedules due in
 ``lead`` seconds (``bench.seed``), materializes them with the set-based materializer, then
 one :class:`django_app.relay.burst.BurstRelay` with the Redis fast publisher claims and prepares
 all of them (nothing is published: the rows are released at the end). Prints the process
 RSS before and after the claim, the peak (VmHWM), the held count and bytes per held row.
+``--history-days D`` first seeds D daily history slots before today's (``--history-rows``
+finished occurrences and attempts each, by SQL, as ``bench.worker_rate`` does): with
+``--fire``, what the wave's statements pay for the slots a retention window keeps.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--lead", type=float, default=600.0, help="seconds to T")
     parser.add_argument("--fire", action="store_true", help="then lock, publish, mark")
+    parser.add_argument("--history-days", type=int, default=0)
+    parser.add_argument("--history-rows", type=int, default=20_000)
     args = parser.parse_args()
     import psycopg
 
@@ -65,6 +70,10 @@ def main() -> None:
     from django_app.relay.burst import BurstRelay
     from example_project.celery import app
 
+    if args.history_days:
+        from bench.worker_rate import seed_history
+
+        seed_history(datetime.now(UTC), args.history_days, args.history_rows)
     report = materialize_due_bulk(clock=SYSTEM_CLOCK, horizon=timedelta(seconds=args.lead + 60))
     print(f"materialized {report.occurrences_created} occurrences")
     relay = BurstRelay(

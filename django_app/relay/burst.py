@@ -67,6 +67,7 @@ from celery_scheduler.faults import fault_point
 from celery_scheduler.publishers import OccurrenceMessage, Publisher, preparing
 from celery_scheduler.stopping import StopDeferral, stop_deferred
 from django_app import conf, observe
+from django_app.db import partitions
 from django_app.db.queries import TIMESTAMPTZ, array_literal
 from django_app.models import OutboxEntry, Tenant
 from django_app.relay import queries
@@ -185,6 +186,10 @@ class BurstRelay:
         self.shards = list(self.shard_fencing) if self.shard_fencing is not None else shards
         self.max_rows = max_rows or cfg.burst_max_rows
         self.stats = BurstStats()
+        #: Partitioned history (the outbox's key is never NULL there): the claim finds its
+        #: rows by key. Read at the first claim, not here: a relay may be built before the
+        #: database is reachable.
+        self._partitioned: bool | None = None
         self._waves: list[Wave] = []
         #: Rows per pipelined publish call (acceptance time is recorded per chunk): the
         #: publisher's choice (the AMQP fast path takes fewer: each call must return within
@@ -253,7 +258,7 @@ class BurstRelay:
             until = now + window
             with transaction.atomic(), connection.cursor() as cur:
                 cur.execute(
-                    queries.claim(sharded=self.shards is not None),
+                    queries.claim(sharded=self.shards is not None, keyed=self._keyed_claim()),
                     {
                         "token": self.token,
                         "lease": self.settings.claim_grace_seconds,
@@ -302,8 +307,13 @@ class BurstRelay:
         self.lookahead = timedelta(seconds=seconds)
         return self.lookahead
 
+    def _keyed_claim(self) -> bool:
+        if self._partitioned is None:
+            self._partitioned = partitions.is_partitioned()
+        return self._partitioned
+
     def _prepare_rows(
-        self, claimed: list[tuple[int, uuid.UUID, int, datetime, int]]
+        self, claimed: list[tuple[int, uuid.UUID, int, datetime, int, datetime | None]]
     ) -> list[HeldRow]:
         started = time.perf_counter()
         by_outbox = {c[0]: c for c in claimed}
@@ -314,7 +324,8 @@ class BurstRelay:
             chunk = claimed[start : start + SQL_CHUNK]
             with connection.cursor() as cur:
                 occ_ids = array_literal([c[1] for c in chunk], "uuid")
-                cur.execute(queries.read_occurrences(), {"ids": occ_ids})
+                keyed, keys = key_set(c[5] for c in chunk)
+                cur.execute(queries.read_occurrences(keyed=keyed), {"ids": occ_ids, "keys": keys})
                 occurrences = {row[0]: row[1:] for row in cur.fetchall()}
                 schedule_ids = array_literal(list({o[0] for o in occurrences.values()}), "uuid")
                 cur.execute(queries.read_schedules(), {"ids": schedule_ids})
@@ -356,10 +367,11 @@ class BurstRelay:
         tenants: dict[int, int] = {}
         rows = []
         for (outbox_id, sver), item in zip(meta, prepared, strict=True):
-            _, occ_id, shard, available_at, tenant_id = by_outbox[outbox_id]
+            _, occ_id, shard, available_at, tenant_id, key = by_outbox[outbox_id]
             available_at = instants.setdefault(available_at, available_at)
+            key = instants.setdefault(key, key) if key is not None else None
             tenant_id = tenants.setdefault(tenant_id, tenant_id)  # one int object per tenant
-            rows.append(HeldRow(outbox_id, occ_id, shard, tenant_id, available_at, sver, item))
+            rows.append(HeldRow(outbox_id, occ_id, shard, tenant_id, available_at, sver, item, key))
         return rows
 
     def _add_rows(self, rows: Iterable[HeldRow]) -> None:
@@ -501,7 +513,7 @@ class BurstRelay:
         rows = [r for r in wave.rows if r.shard not in lost]
         release = [r.outbox_id for r in wave.rows if r.shard in lost]
         fenced = len(release)
-        states = self._lock([r.occurrence_id for r in rows], pulse)
+        states = self._lock(rows, pulse)
         versions, unsent = self._current(rows, states, pulse)
         send: list[HeldRow] = []
         drop: list[int] = []
@@ -643,13 +655,13 @@ class BurstRelay:
             current = dict(cur.fetchall())
         return {s for s in shards if current.get(s) != self.shard_fencing.get(s)}
 
-    def _lock(
-        self, occurrence_ids: list[uuid.UUID], pulse: Pulse
-    ) -> dict[uuid.UUID, tuple[Any, ...]]:
+    def _lock(self, rows: list[HeldRow], pulse: Pulse) -> dict[uuid.UUID, tuple[Any, ...]]:
         states: dict[uuid.UUID, tuple[Any, ...]] = {}
         with connection.cursor() as cur:
-            for chunk in in_pieces(occurrence_ids, pulse):
-                cur.execute(queries.lock(), {"ids": array_literal(chunk, "uuid")})
+            for chunk in in_pieces(rows, pulse):
+                keyed, keys = key_set(r.scheduled_for for r in chunk)
+                ids = array_literal([r.occurrence_id for r in chunk], "uuid")
+                cur.execute(queries.lock(keyed=keyed), {"ids": ids, "keys": keys})
                 states.update((row[0], row[1:]) for row in fetch_pulsing(cur, pulse))
         return states
 
@@ -659,7 +671,7 @@ class BurstRelay:
         """Schedule versions and unsent outbox ids, read in statements after the locks."""
         schedule_ids = list({s[3] for s in states.values()})
         pulse()
-        outbox_ids = [r.outbox_id for r in rows if r.occurrence_id in states]
+        outbox_rows = [r for r in rows if r.occurrence_id in states]
         pulse()
         versions: dict[uuid.UUID, int] = {}
         unsent: set[int] = set()
@@ -667,8 +679,10 @@ class BurstRelay:
             for chunk in in_pieces(schedule_ids, pulse):
                 cur.execute(queries.versions(), {"ids": array_literal(chunk, "uuid")})
                 versions.update(fetch_pulsing(cur, pulse))
-            for chunk in in_pieces(outbox_ids, pulse):
-                cur.execute(queries.unsent(), {"ids": array_literal(chunk, "bigint")})
+            for piece in in_pieces(outbox_rows, pulse):
+                keyed, keys = key_set(r.scheduled_for for r in piece)
+                ids = array_literal([r.outbox_id for r in piece], "bigint")
+                cur.execute(queries.unsent(keyed=keyed), {"ids": ids, "keys": keys})
                 unsent.update(i for (i,) in fetch_pulsing(cur, pulse))
         return versions, unsent
 
@@ -766,7 +780,11 @@ class BurstRelay:
         outbox rows then wait on each other in one direction, never in a cycle.
         """
         started = time.perf_counter()
-        sent = [(r.outbox_id, r.occurrence_id, at) for chunk, at in accepted for r in chunk]
+        sent = [
+            (r.outbox_id, r.occurrence_id, at, r.scheduled_for)
+            for chunk, at in accepted
+            for r in chunk
+        ]
         pulse()
         if not sent:
             return 0
@@ -776,22 +794,25 @@ class BurstRelay:
         enqueued = OccurrenceState.ENQUEUED.value
         with connection.cursor() as cur:
             for piece in in_pieces(sent, pulse):
-                outbox_ids, occ_ids, times = zip(*piece, strict=True)
+                outbox_ids, occ_ids, times, row_keys = zip(*piece, strict=True)
+                keyed, keys = key_set(row_keys)
                 cur.execute(
-                    queries.mark_outbox(),
+                    queries.mark_outbox(keyed=keyed),
                     {
                         "ids": array_literal(list(outbox_ids), "bigint"),
                         "times": array_literal(list(times), TIMESTAMPTZ),
+                        "keys": keys,
                     },
                 )
                 marked += cur.rowcount
                 cur.execute(
-                    queries.mark_occurrence(),
+                    queries.mark_occurrence(keyed=keyed),
                     {
                         "state": enqueued,
                         "ids": array_literal(list(occ_ids), "uuid"),
                         "times": array_literal(list(times), TIMESTAMPTZ),
                         "sources": ENQUEUE_FROM,
+                        "keys": keys,
                     },
                 )
         self.stats.add("mark", len(sent), started)
@@ -814,6 +835,15 @@ class BurstRelay:
                 )
                 released += cur.rowcount
         return released
+
+
+def key_set(times: Iterable[datetime | None]) -> tuple[bool, Any]:
+    """(keyed, the distinct partition keys as an array literal) of rows about to be named by
+    id in one statement (``queries._KEYS``); (False, None) when one row's key is unknown."""
+    distinct = set(times)
+    if None in distinct:
+        return False, None
+    return True, array_literal(sorted(t for t in distinct if t is not None), TIMESTAMPTZ)
 
 
 def in_pieces(rows: list[T], pulse: Pulse) -> Iterator[list[T]]:

@@ -36,6 +36,9 @@ class HeldRow:
     available_at: datetime
     schedule_version: int  # the schedule's version the message was built from
     prepared: Any  # PreparedMessage (fast publisher) or OccurrenceMessage
+    #: The occurrence's time, the history tables' partition key (None: an outbox row from
+    #: before it was kept there); equal values share one object, as ``available_at``'s.
+    scheduled_for: datetime | None = None
 
 
 @dataclass(slots=True)

@@ -28,13 +28,23 @@ def mysql_set(assignments: list[str]) -> str:
 #: as int2[], and ``bigint = ANY(int2[])`` is not hashed, so on an unanalysed table (a fresh
 #: burst) a 20,000-id check became a seq scan comparing each row with every id.
 _SHARDS = "AND shard = ANY(%(shards)s::int[])"
+#: The partition key of the rows a statement names by id: the distinct times of those rows
+#: (``keys``). On the partitioned history tables an id is unique only with its time, and a
+#: lookup by id alone probes the id index of every slot; with this it reads the slots the
+#: times fall in. Left out (``keyed=False``) when a row's time is unknown (NULL: an outbox
+#: row written before migration 0020 on a table that was never converted).
+_KEYS = "AND {alias}scheduled_for = ANY(%(keys)s::timestamptz[])"
+
+
+def _keys(keyed: bool, alias: str = "") -> str:
+    return _KEYS.format(alias=alias) if keyed else ""
 
 
 @cache
-def claim(*, sharded: bool) -> str:
+def claim(*, sharded: bool, keyed: bool) -> str:
     """PostgreSQL (burst relay): claim the unsent outbox rows due until ``until`` (of the
     relay's ``shards`` when ``sharded``) for ``token``; returns (id, occurrence_id, shard,
-    available_at, tenant_id) of each.
+    available_at, tenant_id, scheduled_for) of each.
 
     A claim lasts until the row's own time (a row already late: the claim's time) plus
     ``lease`` seconds (``claim_grace_seconds``, not the window's end): rows a dead or
@@ -45,25 +55,26 @@ def claim(*, sharded: bool) -> str:
     which takes them as the tenant's budget allows (claiming them here would re-prepare and
     give back the same rows on every poll while the budget is spent). Holding past that is
     harmless: the wave locks occurrence rows and re-checks ``sent_at`` before publishing, so
-    an expired claim moves who sends, not how often.
+    an expired claim moves who sends, not how often. ``keyed`` (partitioned tables, where
+    the key is never NULL): the update finds the rows the inner select chose by their key.
     """
     outbox = table(OutboxEntry)
     return f"""
 UPDATE {outbox}
 SET claimed_by = %(token)s,
     claim_expires_at = GREATEST(available_at, %(now)s) + make_interval(secs => %(lease)s)
-WHERE id IN (
-    SELECT id FROM {outbox}
+WHERE {"(id, scheduled_for)" if keyed else "id"} IN (
+    SELECT id{", scheduled_for" if keyed else ""} FROM {outbox}
     WHERE sent_at IS NULL AND available_at <= %(until)s {_SHARDS if sharded else ""}
       AND (available_at > %(now)s OR NOT tenant_id = ANY(%(rate_limited)s::bigint[]))
       AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
     ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING id, occurrence_id, shard, available_at, tenant_id
+RETURNING id, occurrence_id, shard, available_at, tenant_id, scheduled_for
 """
 
 
 @cache
-def read_occurrences() -> str:
+def read_occurrences(*, keyed: bool) -> str:
     """PostgreSQL (burst relay): what the messages need of the occurrences ``ids``.
 
     The prepare stage reads occurrences and schedules in two lookups by key, not one join
@@ -72,7 +83,7 @@ def read_occurrences() -> str:
     outage")."""
     return f"""
 SELECT id, schedule_id, schedule_version, scheduled_for, tenant_id, attempt_count, manual
-FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[])
+FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) {_keys(keyed)}
 """
 
 
@@ -86,24 +97,24 @@ FROM {table(Schedule)} WHERE id = ANY(%(ids)s::uuid[])
 
 
 @cache
-def mark_outbox() -> str:
+def mark_outbox(*, keyed: bool) -> str:
     """PostgreSQL (burst relay): mark the outbox rows ``ids`` sent, each at its ``times``."""
     return f"""
 UPDATE {table(OutboxEntry)} b
 SET sent_at = v.t, publish_count = b.publish_count + 1, claim_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(times)s::timestamptz[]) AS v(id, t)
-WHERE b.id = v.id AND b.sent_at IS NULL
+WHERE b.id = v.id AND b.sent_at IS NULL {_keys(keyed, "b.")}
 """
 
 
 @cache
-def mark_occurrence() -> str:
+def mark_occurrence(*, keyed: bool) -> str:
     """PostgreSQL (burst relay): move the occurrences ``ids`` to ``state`` (ENQUEUED) from
     one of ``sources``, ``enqueued_at`` set to each one's ``times`` unless already set."""
     return f"""
 UPDATE {table(Occurrence)} o SET state = %(state)s, enqueued_at = COALESCE(o.enqueued_at, v.t)
 FROM unnest(%(ids)s::uuid[], %(times)s::timestamptz[]) AS v(id, t)
-WHERE o.id = v.id AND o.state = ANY(%(sources)s::varchar[])
+WHERE o.id = v.id AND o.state = ANY(%(sources)s::varchar[]) {_keys(keyed, "o.")}
 """
 
 
@@ -117,12 +128,13 @@ def fence() -> str:
 
 
 @cache
-def lock() -> str:
+def lock(*, keyed: bool) -> str:
     """PostgreSQL (burst relay): the wave's occurrence rows ``ids``, locked; a row a worker
     or a lifecycle call holds is skipped."""
     return f"""
 SELECT id, state, schedule_version, manual, schedule_id, scheduled_for, created_at
-FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) FOR UPDATE SKIP LOCKED
+FROM {table(Occurrence)} WHERE id = ANY(%(ids)s::uuid[]) {_keys(keyed)}
+FOR UPDATE SKIP LOCKED
 """
 
 
@@ -133,10 +145,11 @@ def versions() -> str:
 
 
 @cache
-def unsent() -> str:
+def unsent(*, keyed: bool) -> str:
     """PostgreSQL (burst relay): which of the outbox rows ``ids`` are still unsent."""
     return (
-        f"SELECT id FROM {table(OutboxEntry)} WHERE id = ANY(%(ids)s::bigint[]) AND sent_at IS NULL"
+        f"SELECT id FROM {table(OutboxEntry)} WHERE id = ANY(%(ids)s::bigint[]) "
+        f"AND sent_at IS NULL {_keys(keyed)}"
     )
 
 
