@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+
+from django.db import connection
 
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.core.ids import occurrence_id
@@ -63,3 +66,25 @@ def message_kwargs(occ: Occurrence) -> dict[str, Any]:
         "args": schedule.args,
         "kwargs": schedule.kwargs,
     }
+
+
+def _history_scans() -> dict[str, int]:
+    """Scans so far in this transaction, per history partition (``pg_stat_xact_user_tables``)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT relname, seq_scan + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
+            "WHERE relname ~ '^django_app_(occurrence|attempt|outboxentry)_'"
+        )
+        return dict(cur.fetchall())
+
+
+def partitions_scanned(call: Callable[[], Any]) -> dict[str, set[str]]:
+    """PostgreSQL: {history table: its partitions scanned} while ``call()`` ran, in the
+    test's transaction: what a lookup by partition key (or by id alone) reads."""
+    before = _history_scans()
+    call()
+    touched: dict[str, set[str]] = {}
+    for name, n in _history_scans().items():
+        if n > before.get(name, 0):
+            touched.setdefault(name.rsplit("_", 1)[0], set()).add(name)
+    return touched

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState as S
@@ -23,30 +21,12 @@ from django_app.db import partitions
 from django_app.models import Occurrence, OutboxEntry
 from django_app.relay.burst import BurstRelay
 from tests.integration.relay.test_burst import drive, seed
+from tests.integration.worker_support import partitions_scanned
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 DAY = timedelta(days=1)
 #: Past daily slots: a lookup by id alone probes each one.
 SLOTS = 6
-
-
-def _scans() -> dict[str, int]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT relname, seq_scan + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
-            "WHERE relname ~ '^django_app_(occurrence|outboxentry)_'"
-        )
-        return dict(cur.fetchall())
-
-
-def _partitions_scanned(call: Any) -> dict[str, set[str]]:
-    before = _scans()
-    call()
-    touched: dict[str, set[str]] = {}
-    for name, n in _scans().items():
-        if n > before.get(name, 0):
-            touched.setdefault(name.rsplit("_", 1)[0], set()).add(name)
-    return touched
 
 
 def test_a_waves_read_lock_and_marks_scan_its_slot_only(frozen_clock: FrozenClock) -> None:
@@ -60,12 +40,12 @@ def test_a_waves_read_lock_and_marks_scan_its_slot_only(frozen_clock: FrozenCloc
     )
 
     held: list[int] = []
-    prepared = _partitions_scanned(lambda: held.append(relay.poll().held))
+    prepared = partitions_scanned(lambda: held.append(relay.poll().held))
     assert held == [40]
     # The claim reads the outbox's unsent rows wherever they are; the read is by key.
     assert prepared["django_app_occurrence"] == {f"django_app_occurrence_{slot}"}, prepared
 
-    published = _partitions_scanned(lambda: drive(relay, frozen_clock))
+    published = partitions_scanned(lambda: drive(relay, frozen_clock))
     assert set(published) == {"django_app_occurrence", "django_app_outboxentry"}, published
     for table, names in published.items():
         assert names == {f"{table}_{slot}"}, published

@@ -14,14 +14,18 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from django.db import connection
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK, FrozenClock
 from django_app import tasks
 from django_app.db import partitions
 from django_app.models import Attempt, Occurrence, OutboxEntry
 from django_app.worker import claim, finish, heartbeat
-from tests.integration.worker_support import make_occurrence, make_schedule, message_kwargs
+from tests.integration.worker_support import (
+    make_occurrence,
+    make_schedule,
+    message_kwargs,
+    partitions_scanned,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 DAY = timedelta(days=1)
@@ -35,28 +39,6 @@ app = Celery("finish-by-key-tests", set_as_current=False)
 @app.task(name="tests.finish_by_key.boom")
 def boom() -> None:
     raise RuntimeError("boom")
-
-
-def _scans() -> dict[str, int]:
-    """Scans so far in this transaction, per history partition."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT relname, seq_scan + coalesce(idx_scan, 0) FROM pg_stat_xact_user_tables "
-            "WHERE relname ~ '^django_app_(occurrence|attempt|outboxentry)_'"
-        )
-        return dict(cur.fetchall())
-
-
-def _partitions_scanned(call: Any) -> dict[str, set[str]]:
-    """{table: partitions it scanned} while ``call()`` ran."""
-    before = _scans()
-    call()
-    touched: dict[str, set[str]] = {}
-    for name, n in _scans().items():
-        if n > before.get(name, 0):
-            table = name.rsplit("_", 1)[0]
-            touched.setdefault(table, set()).add(name)
-    return touched
 
 
 def _claimed(tenant: Any, clock: FrozenClock, **schedule: Any) -> claim.ClaimResult:
@@ -86,7 +68,7 @@ def test_a_renewal_reads_the_runs_slot_only(tenant: Any, frozen_clock: FrozenClo
             scheduled_for=run.scheduled_for,
         )  # fmt: skip
 
-    touched = _partitions_scanned(renew)
+    touched = partitions_scanned(renew)
     assert set(touched) == {"django_app_occurrence", "django_app_attempt"}, touched
     _one_slot_each(touched, frozen_clock.now())
     attempt = Attempt.objects.get(occurrence_id=run.occurrence_id)
@@ -107,7 +89,7 @@ def test_a_failure_reads_the_runs_slot_only(
             clock=frozen_clock, scheduled_for=run.scheduled_for,
         )  # fmt: skip
 
-    touched = _partitions_scanned(fail)
+    touched = partitions_scanned(fail)
     _one_slot_each(touched, frozen_clock.now())
     occ = Occurrence.objects.get(pk=run.occurrence_id)
     assert occ.state == ("RETRY_WAIT" if retry else "DEAD")
@@ -130,7 +112,7 @@ def test_a_completion_of_a_schedule_that_counts_failures_reads_the_runs_slot_onl
             scheduled_for=run.scheduled_for,
         )  # fmt: skip
 
-    touched = _partitions_scanned(complete)
+    touched = partitions_scanned(complete)
     _one_slot_each(touched, frozen_clock.now())
     assert Occurrence.objects.get(pk=run.occurrence_id).state == "SUCCEEDED"
     assert Attempt.objects.get(occurrence_id=run.occurrence_id).outcome == "SUCCEEDED"
