@@ -47,11 +47,6 @@ def _body(model: type[models.Model], index: models.Index, schema_editor: Any) ->
     return m.group("body")
 
 
-def _child_name(parent: str, partition: str) -> str:
-    suffix = partition.rsplit("_", 1)[-1]
-    return f"{parent[: 62 - len(suffix)]}_{suffix}"
-
-
 def replace(
     schema_editor: Any, model: type[models.Model], old: models.Index, new: models.Index
 ) -> None:
@@ -70,13 +65,13 @@ def replace(
     with conn.cursor() as cur:
         cur.execute(sql.drop_index(temp))  # a run that ended half way
         for part in parts:
-            cur.execute(sql.drop_index(_child_name(temp, part)))
+            cur.execute(sql.drop_index(partitions.child_index_name(temp, part)))
         concurrently = not conn.in_atomic_block
         cur.execute(sql.create_index(temp, table, body, only=bool(parts) and concurrently,
                                      concurrently=concurrently and not parts))  # fmt: skip
         if parts and concurrently:
             for part in parts:
-                child = _child_name(temp, part)
+                child = partitions.child_index_name(temp, part)
                 cur.execute(sql.create_index(child, part, body, concurrently=True))
                 cur.execute(sql.attach_index(temp, child))
     with transaction.atomic(using=conn.alias), conn.cursor() as cur:

@@ -281,15 +281,20 @@ def _create_slot(
         return int(n)
 
 
+def child_index_name(parent: str, partition: str) -> str:
+    """The name of ``partition``'s part of the index ``parent``: ``<parent>_<slot>``."""
+    suffix = partition.rsplit("_", 1)[-1]
+    return f"{parent[: 62 - len(suffix)]}_{suffix}"
+
+
 def name_indexes(partition: str) -> None:
     """Name ``partition``'s indexes after the parent's (``<parent index>__<slot>``), not
     PostgreSQL's ``<partition>_<columns>_idx``: a plan then names the model's index, as on
     a plain table (``occurrence_schedule_time__p20261202``)."""
-    suffix = partition.rsplit("_", 1)[-1]
     with connection.cursor() as cur:
         cur.execute(sql.INHERITED_INDEXES, {"table": partition})
         for child, parent in cur.fetchall():
-            wanted = f"{parent[: 62 - len(suffix)]}_{suffix}"
+            wanted = child_index_name(parent, partition)
             if child != wanted:
                 cur.execute(sql.rename_index(child, wanted))
 
