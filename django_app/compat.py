@@ -1,9 +1,10 @@
-"""What differs between the supported Django versions (4.2 LTS and 5.2 LTS), in one place.
+"""What differs between the supported Django versions (4.2 LTS, 5.2 LTS) and databases.
 
 Django 5.1 renamed ``CheckConstraint(check=)`` to ``condition=`` (``check=`` warns from 5.1 and
 is gone in 6.0), replaced ``LogEntry.objects.log_action`` by ``log_actions``, and gave SQLite
 the ``transaction_mode`` and ``init_command`` OPTIONS (on 4.2 see :mod:`django_app.sqlite3`).
-Models and migrations build their constraints here so both versions get the same schema.
+Models and migrations build their constraints here so both versions get the same schema,
+and their indexes whose shape differs by database (:class:`PostgresPartialIndex`).
 """
 
 from __future__ import annotations
@@ -58,3 +59,22 @@ def log_change(user_id: Any, obj: models.Model, message: str) -> None:
         action_flag=CHANGE,
         change_message=message,
     )
+
+
+class PostgresPartialIndex(models.Index):
+    """Partial (its ``condition``) on PostgreSQL, whole on SQLite and MariaDB.
+
+    PostgreSQL proves that a query's ``state = 'RUNNING'`` falls inside
+    ``WHERE NOT state = 'SUCCEEDED'``, so a partial index serves every query that names a
+    state other than the excluded one. SQLite uses a partial index only for a query that
+    repeats the condition's term word for word, and MariaDB has no partial indexes: there
+    the whole index is what serves those queries.
+    """
+
+    def create_sql(
+        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
+    ) -> Any:
+        if schema_editor.connection.vendor == "postgresql":
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        whole = models.Index(fields=list(self.fields), name=self.name)
+        return whole.create_sql(model, schema_editor, using=using, **kwargs)

@@ -28,8 +28,7 @@ from celery_scheduler.core.enums import (
     ScheduleKind,
     ScheduleState,
 )
-from django_app.compat import check_constraint, db_default
-from django_app.db.indexes import PostgresPartialIndex
+from django_app.compat import PostgresPartialIndex, check_constraint, db_default
 from django_app.querysets import (
     OccurrenceQuerySet,
     OutboxQuerySet,

@@ -24,8 +24,8 @@ partition, then swapped in one short transaction. Hence ``atomic = False``.
 
 from django.db import migrations, models
 
+from django_app.compat import PostgresPartialIndex
 from django_app.db.index_swap import ReplaceIndex
-from django_app.db.indexes import PostgresPartialIndex
 
 NOT_SUCCEEDED = ~models.Q(state="SUCCEEDED")
 

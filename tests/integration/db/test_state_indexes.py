@@ -13,8 +13,8 @@ import pytest
 from django.db import connection, models
 
 from celery_scheduler.core.enums import OccurrenceState as S
+from django_app.compat import PostgresPartialIndex
 from django_app.db import index_swap, partitions
-from django_app.db.indexes import PostgresPartialIndex
 from django_app.models import NOT_SUCCEEDED, Occurrence, Schedule
 from tests.integration.worker_support import make_schedule
 
