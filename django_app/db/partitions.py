@@ -35,18 +35,20 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
 from django_app.db import queries as sql
 from django_app.db.queries import KEY  # the partitioned tables' key: the occurrence's time
+from django_app.db.retry import PG_LOCK_NOT_AVAILABLE
 from django_app.models import Attempt, Occurrence, OutboxEntry
 
 if TYPE_CHECKING:
@@ -68,6 +70,9 @@ ANALYZE_LOCK_TIMEOUT_MS = 200
 
 #: How long one maintenance statement waits for a table lock before the round gives up.
 DEFAULT_LOCK_TIMEOUT_MS = 2000
+#: The pause between two tries at the parents' locks (:func:`_lock_parents`): long enough
+#: for the run-path transaction that made a try give up to finish.
+LOCK_RETRY_PAUSE_S = 0.05
 
 
 def tables() -> list[str]:
@@ -232,7 +237,7 @@ def ensure(
             if missing:
                 todo[table] = (existing, missing)
         if todo:
-            _lock_parents()
+            _lock_parents(lock_timeout_ms)
         for table, (existing, missing) in todo.items():
             for start, end in missing:
                 report.moved += _create_slot(table, start, end, width, existing)
@@ -242,17 +247,43 @@ def ensure(
     return report
 
 
-def _lock_parents() -> None:
+def _lock_parents(budget_ms: int) -> None:
     """ACCESS EXCLUSIVE on the three parents (and so every partition), in one order.
 
     Creating or detaching a partition takes it anyway; taking it first, on all three, means
     every statement that touches these tables either finished before or is planned after
     this transaction commits: it sees the moved rows where they now are, never a row
     "deleted" from under its lock by the move. Catalog work only is done under it, plus the
-    move of the few rows a default partition held; ``lock_timeout`` bounds the wait."""
+    move of the few rows a default partition held.
+
+    The run path has no one order over the three tables (a relay reads the outbox, then
+    the occurrence; a claim writes the occurrence, then the attempt), so a transaction that
+    holds one parent and then asks for another this step already took closes a cycle, and
+    PostgreSQL ends whichever waiter checks first, after ``deadlock_timeout``. Each try here
+    waits less than that and gives up (its savepoint releases what it took), so the side
+    that yields is always maintenance, never a worker's claim or a relay's mark; the tries
+    go on, a short pause apart, until ``budget_ms`` has passed, and then the error is the
+    caller's (a beat's round skips and the next one tries again).
+    """
+    deadline = time.monotonic() + budget_ms / 1000
     with connection.cursor() as cur:
-        for table in tables():
-            cur.execute(sql.lock_exclusive(table))
+        cur.execute(sql.DEADLOCK_TIMEOUT_MS)
+        row = cur.fetchone()
+        per_try_ms = max(1, min(budget_ms, int(row[0]) // 2 if row else budget_ms))
+        while True:
+            try:
+                with transaction.atomic():
+                    cur.execute(sql.lock_timeout(per_try_ms))
+                    cur.execute(sql.lock_exclusive(*tables()))
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != PG_LOCK_NOT_AVAILABLE:
+                    raise
+                if time.monotonic() + LOCK_RETRY_PAUSE_S >= deadline:
+                    raise
+                time.sleep(LOCK_RETRY_PAUSE_S)
+                continue
+            cur.execute(sql.lock_timeout(budget_ms))
+            return
 
 
 def _create_slot(
@@ -441,7 +472,7 @@ def _drop_slot(
                     # Writers of these rows (a worker finishing, a relay marking, a backfill
                     # into the past) finish first; new ones wait for the commit, then find
                     # the rows where they now live. Read again under the lock.
-                    _lock_parents()
+                    _lock_parents(lock_timeout_ms)
                 cur.execute(_blocking_sql(occ_p, out_p, include_dead))
                 blocking = cur.fetchall()
                 counts: dict[str, int] = {}

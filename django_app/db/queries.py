@@ -64,6 +64,11 @@ def lock_timeout(ms: int) -> str:
     return f"SET LOCAL lock_timeout = {int(ms)}"
 
 
+#: PostgreSQL: the server's ``deadlock_timeout`` in milliseconds (how long a lock wait lasts
+#: before the waiter checks for a cycle).
+DEADLOCK_TIMEOUT_MS = "SELECT setting::int FROM pg_settings WHERE name = 'deadlock_timeout'"
+
+
 def statement_timeout(ms: int) -> str:
     """PostgreSQL: bound the current transaction's statements to ``ms`` milliseconds."""
     return f"SET LOCAL statement_timeout = {int(ms)}"
@@ -153,9 +158,10 @@ IDENTITY_COLUMN = (
 EXISTS_RELATION = "SELECT to_regclass(%(name)s) IS NOT NULL"
 
 
-def lock_exclusive(table: str) -> str:
-    """ACCESS EXCLUSIVE on ``table`` (and so its partitions) until the transaction ends."""
-    return f"LOCK TABLE {q(table)} IN ACCESS EXCLUSIVE MODE"
+def lock_exclusive(*tables: str) -> str:
+    """ACCESS EXCLUSIVE on ``tables`` (and so their partitions), in the order named, until
+    the transaction ends: one statement, so no round trip falls between two of the locks."""
+    return f"LOCK TABLE {', '.join(q(t) for t in tables)} IN ACCESS EXCLUSIVE MODE"
 
 
 def create_partition(table: str, name: str) -> str:

@@ -38,7 +38,8 @@ DEADLOCK_TRIES = 10
 LOCK_TIMEOUT_TRIES = 2
 
 _MYSQL_DEADLOCK, _MYSQL_LOCK_WAIT_TIMEOUT = 1213, 1205
-_PG_DEADLOCK, _PG_LOCK_NOT_AVAILABLE = "40P01", "55P03"
+#: PostgreSQL SQLSTATEs: a deadlock victim, a lock not granted within ``lock_timeout``.
+PG_DEADLOCK, PG_LOCK_NOT_AVAILABLE = "40P01", "55P03"
 
 
 def lock_conflict_tries(exc: BaseException) -> int:
@@ -47,9 +48,9 @@ def lock_conflict_tries(exc: BaseException) -> int:
         return 1
     code = exc.args[0] if exc.args else None
     sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    if code == _MYSQL_DEADLOCK or sqlstate == _PG_DEADLOCK:
+    if code == _MYSQL_DEADLOCK or sqlstate == PG_DEADLOCK:
         return DEADLOCK_TRIES
-    if code == _MYSQL_LOCK_WAIT_TIMEOUT or sqlstate == _PG_LOCK_NOT_AVAILABLE:
+    if code == _MYSQL_LOCK_WAIT_TIMEOUT or sqlstate == PG_LOCK_NOT_AVAILABLE:
         return LOCK_TIMEOUT_TRIES
     return 1
 
