@@ -4,7 +4,7 @@
         [--rate 200000000] [--history-days 31] [--history-per-day 1000000] [--nodes 2]
 
 PostgreSQL (database ``cs_scale_bench``, recreated) with the DEFAULT settings (every
-``CELERY_SCHEDULER*`` variable removed), Redis db 13 as the broker. In order:
+``CELERY_SCHEDULER*`` variable removed), Redis db 6 as the broker (the tests use 13-15). In order:
 
 1. **History**, by SQL (not the path measured; the output says so): ``--history-days`` past
    daily slots, each of ``--history-per-day`` SUCCEEDED occurrences with their attempt and
@@ -59,7 +59,7 @@ from bench.topofhour import peak_rss_mb, percentile, reset_database, stop
 ROOT = Path(__file__).resolve().parents[1]
 PG = "postgres://postgres@127.0.0.1:5432"
 DB = "cs_scale_bench"
-BROKER = "redis://127.0.0.1:6379/13"
+BROKER = "redis://127.0.0.1:6379/6"
 TASK = "billing.ping"
 TENANTS = 10
 CHUNK = 10_000
