@@ -53,7 +53,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.steady_state import base_env, load
+from bench.steady_state import base_env, load, start_beat
 from bench.topofhour import peak_rss_mb, percentile, reset_database, stop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -434,33 +434,10 @@ def day_window(
         cwd=ROOT, env=env,
     )  # fmt: skip
     time.sleep(max(0.0, start.timestamp() - args.lead - time.time()))
-    beats = []
-    for i in range(args.nodes):
-        log = (logdir / f"beat{i}-{start:%H%M}.log").open("wb")
-        beats.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "example_project",
-                    "beat",
-                    "-S",
-                    "celery_scheduler.beat:DatabaseScheduler",
-                    "--loglevel",
-                    "INFO",
-                    "--pidfile=",
-                    "-s",
-                    str(logdir / f"beat{i}.schedule"),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        log.close()
+    beats = [
+        start_beat(env, logdir / f"beat{i}-{start:%H%M}.log", logdir / f"beat{i}.schedule")
+        for i in range(args.nodes)
+    ]
     print(f"day window {start:%H:%M}-{end:%H:%M} UTC, peak {peak:%H:%M}; beats started "
           f"{start.timestamp() - time.time():.0f}s before it", flush=True)  # fmt: skip
     time.sleep(max(0.0, start.timestamp() - time.time()))

@@ -234,6 +234,18 @@ def prepare_db(db: str, env: dict[str, str], tenants: int) -> None:
         raise SystemExit("migrate failed")
 
 
+def start_beat(env: dict[str, str], log: Path, schedule: Path) -> subprocess.Popen[bytes]:
+    """``celery -A example_project beat -S celery_scheduler.beat:DatabaseScheduler``,
+    logging at INFO into ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "example_project", "beat",
+             "-S", "celery_scheduler.beat:DatabaseScheduler", "--loglevel", "INFO",
+             "--pidfile=", "-s", str(schedule)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
 # -- analysis -----------------------------------------------------------------------------
 
 
@@ -376,14 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     beats = []
     started = time.time()
     for i in range(k):
-        log = (logdir / f"beat{i}.log").open("wb")
-        command = [sys.executable, "-m", "celery", "-A", "example_project", "beat",
-                   "-S", "celery_scheduler.beat:DatabaseScheduler", "--loglevel", "INFO",
-                   "--pidfile=", "-s", str(logdir / f"beat{i}.schedule")]  # fmt: skip
-        beats.append(
-            subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        )
-        log.close()
+        beats.append(start_beat(env, logdir / f"beat{i}.log", logdir / f"beat{i}.schedule"))
     print(f"beats started {t_epoch - started:.1f}s before T  load {load()}", flush=True)
     time.sleep(max(0.0, t_epoch - time.time()))
     load_at_t = load()
