@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def _create(
             api.create_schedules(items[at : at + CHUNK], tenant=slug)
 
 
-def _history(days: int, per_day: int) -> dict[str, Any]:
+def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     from django.db import connection
 
     from django_app.db import partitions
@@ -108,13 +109,13 @@ def _history(days: int, per_day: int) -> dict[str, Any]:
     tenant = Tenant.objects.get(slug="t0")
     partitions.ensure(now, width=timedelta(days=1), ahead=2, behind=days, wait=True)
     schedule = Schedule.objects.create(
-        tenant=tenant, name="history", task=TASK, kind="CRON", cron="* * * * *",
+        tenant=tenant, name=f"history-{part}", task=TASK, kind="CRON", cron="* * * * *",
         state="COMPLETED",  # history only: the beats plan nothing from it
     )  # fmt: skip
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     started = time.monotonic()
     with connection.cursor() as cur:
-        for d in range(days, 0, -1):
+        for d in range(days - part, 0, -parts):  # this process's share of the days
             day = today - timedelta(days=d)
             cur.execute(
                 "INSERT INTO django_app_occurrence (id, schedule_id, schedule_version, "
@@ -147,7 +148,7 @@ def _history(days: int, per_day: int) -> dict[str, Any]:
                   flush=True)  # fmt: skip
         cur.execute("ANALYZE django_app_occurrence, django_app_attempt, django_app_outboxentry")
     took = time.monotonic() - started
-    return {"rows": days * per_day, "days": days, "seconds": round(took, 1)}
+    return {"days": len(range(days - part, 0, -parts)), "seconds": round(took, 1)}
 
 
 def _timed(fn: Any, repeat: int) -> float:
@@ -325,7 +326,7 @@ def _worker(argv: list[str]) -> None:
         start, count, minute, start_at, procs, p = (int(x) for x in rest[1:])
         _create(rest[0], start, count, minute, start_at, procs, p)
     elif what == "history":
-        result = _history(int(rest[0]), int(rest[1]))
+        result = _history(*(int(x) for x in rest[:4]))
     elif what == "measure":
         result = _measure()
     elif what == "retire":
@@ -522,9 +523,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     django_step(env, "migrate")
     report: dict[str, Any] = {"args": vars(args), "history": None, "points": []}
     if args.history_days:
-        report["history"] = django_step(
-            env, "history", str(args.history_days), str(args.history_per_day)
-        )
+        started = time.monotonic()
+        with ThreadPoolExecutor(args.history_procs) as pool:
+            parts = list(
+                pool.map(
+                    lambda part: django_step(
+                        env, "history", str(args.history_days), str(args.history_per_day),
+                        str(part), str(args.history_procs),
+                    ),
+                    range(args.history_procs),
+                )
+            )  # fmt: skip
+        report["history"] = {
+            "rows": args.history_days * args.history_per_day, "days": args.history_days,
+            "processes": args.history_procs, "seconds": round(time.monotonic() - started, 1),
+            "parts": parts,
+        }  # fmt: skip
         print(f"history (seeded by SQL, past days): {report['history']}", flush=True)
     per_minute = per_minute_count(args.rate, args.peak, sizes[-1])
     live = args.peak + per_minute
@@ -618,6 +632,7 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=120.0, help="arrivals after the end")
     parser.add_argument("--history-days", type=int, default=31)
     parser.add_argument("--history-per-day", type=int, default=1_000_000)
+    parser.add_argument("--history-procs", type=int, default=2, help="days seeded side by side")
     parser.add_argument("--worker-sample", type=int, default=5000)
     parser.add_argument("--create-procs", type=int, default=2)
     parser.add_argument("--create-rate-guess", type=float, default=3000.0)
