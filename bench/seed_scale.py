@@ -222,13 +222,16 @@ def _sizes() -> dict[str, dict[str, int]]:
     from django.db import connection
 
     with connection.cursor() as cur:
+        # pg_partition_tree lists nothing for a plain table: the table itself stands in.
+        # Rows count the leaves only (an analyzed parent holds its partitions' total too).
         cur.execute(
             "SELECT c.relname, sum(pg_table_size(t.relid)), sum(pg_indexes_size(t.relid)), "
-            "(SELECT sum(greatest(p.reltuples, 0))::bigint FROM pg_partition_tree(c.oid) q "
-            " JOIN pg_class p ON p.oid = q.relid) "
-            "FROM pg_class c CROSS JOIN LATERAL pg_partition_tree(c.oid) t "
+            "coalesce(sum(greatest(p.reltuples, 0)) FILTER (WHERE t.isleaf), 0)::bigint "
+            "FROM pg_class c CROSS JOIN LATERAL (SELECT relid, isleaf FROM "
+            "pg_partition_tree(c.oid) UNION ALL SELECT c.oid, true WHERE c.relkind = 'r') t "
+            "JOIN pg_class p ON p.oid = t.relid "
             "WHERE c.relname LIKE 'django\\_app\\_%%' AND c.relkind IN ('r', 'p') "
-            "AND NOT c.relispartition GROUP BY c.relname, c.oid ORDER BY 2 + 3 DESC"
+            "AND NOT c.relispartition GROUP BY c.relname ORDER BY 2 DESC"
         )
         return {
             name.removeprefix("django_app_"): {"table": int(t), "indexes": int(i), "rows": int(n)}
