@@ -404,27 +404,48 @@ class DatabaseScheduler(beat.Scheduler):
         Beats that start together then work on different shards instead of queueing on the
         same rows' unique-index locks, and a long pass (a burst of due schedules) does not
         delay held rows: they are published between shards.
+
+        Two stages when the horizon is above its floor: every shard's schedules up to
+        ``horizon_seconds`` first, then the look-ahead, shard by shard, until the fire
+        times planned first start coming due (half the floor). Planning each schedule
+        minutes ahead in one stage would leave the shards visited last (a long pass after
+        an outage) with due work waiting behind other shards' future.
         """
-        materializer = self.backend.materializer
         fencing = self._shard_leases()
         if fencing is not None and not fencing:
             return  # holds no shard (yet): materializing is another node's job meanwhile
         horizon = self._plan_horizon(cfg, None if fencing is None else list(fencing))
-        until = self.clock.now() + horizon
-        due = materializer.due_shards(until)
+        floor = timedelta(seconds=cfg.horizon_seconds)
+        started = self.clock.monotonic()
+        rows, spent = self._materialize_shards(relay, min(horizon, floor), deadline=None)
+        if horizon > floor:
+            deadline = started + floor.total_seconds() / 2
+            more, took = self._materialize_shards(relay, horizon, deadline=deadline)
+            rows, spent = rows + more, spent + took
+        self.materialize_rate.observe(rows, spent)
+        if rows >= STAGE_LOG_ROWS:
+            logger.info("beat %s: materialized %d row(s) in %.1fs (%.0f rows/s)", self.node,
+                        rows, spent, rows / spent if spent else 0.0)  # fmt: skip
+
+    def _materialize_shards(
+        self, relay: Relay, horizon: timedelta, *, deadline: float | None
+    ) -> tuple[int, float]:
+        """One pass over the held shards with schedules due within ``horizon``; stops
+        after the first shard past ``deadline`` (monotonic). Returns (rows, seconds)."""
+        materializer = self.backend.materializer
+        fencing = self._shard_leases()
+        due = materializer.due_shards(self.clock.now() + horizon)
         if fencing is not None:
             due &= set(fencing)
-        if not due:
-            return
         ordered = sorted(due)
-        start = self._random.randrange(len(ordered))
+        start = self._random.randrange(len(ordered)) if ordered else 0
         rows, spent = 0, 0.0
         for shard in ordered[start:] + ordered[:start]:
             # Renew during a long pass too, or the leases lapse halfway through it.
             fencing = self._shard_leases()
             if fencing is not None and shard not in fencing:
                 continue
-            started = time.perf_counter()
+            began = time.perf_counter()
             report = materializer.materialize(
                 clock=self.clock,
                 shards=[shard],
@@ -433,15 +454,14 @@ class DatabaseScheduler(beat.Scheduler):
                 node=self.node,
             )
             rows += report.occurrences_created + report.missed
-            spent += time.perf_counter() - started
+            spent += time.perf_counter() - began
             self._refresh_statistics(report.occurrences_created + report.missed)
             relay.publish_held()
             if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
                 self._relay_poll(relay)
-        self.materialize_rate.observe(rows, spent)
-        if rows >= STAGE_LOG_ROWS:
-            logger.info("beat %s: materialized %d row(s) in %.1fs (%.0f rows/s)", self.node,
-                        rows, spent, rows / spent if spent else 0.0)  # fmt: skip
+            if deadline is not None and self.clock.monotonic() >= deadline:
+                break  # the next tick plans what came due meanwhile first
+        return rows, spent
 
     def _plan_horizon(self, cfg: ports.BeatSettings, shards: list[int] | None) -> timedelta:
         """How far ahead to materialize: ``horizon_seconds`` for a light load, up to

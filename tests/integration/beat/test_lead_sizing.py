@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -19,7 +20,7 @@ from celery_scheduler.beat import DatabaseScheduler
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.lead import RateMeter
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.models import Occurrence, OutboxEntry, Tenant
+from django_app.models import Occurrence, OutboxEntry, ScheduleCursor, Tenant
 from django_app.relay.burst import BurstRelay
 from tests.integration.relay.test_burst import seed
 
@@ -139,3 +140,73 @@ def test_the_claim_window_grows_with_the_rows_due_and_not_for_a_few(rows: int, h
     assert relay.poll().held == held
     assert (relay.lookahead > timedelta(seconds=120)) is (held > 0)
     relay.close()
+
+
+def minutely(n: int, clock: FrozenClock) -> None:
+    for i in range(n):
+        api.create_schedule(name=f"m{i}", task="billing.ping", cron="* * * * *", clock=clock)
+
+
+class Watch:
+    """Wraps the beat's materializer: after each shard's pass, notes whether some schedule
+    was already planned past the floor while another's due-now fire times still waited
+    (the starvation: overdue work queued behind look-ahead)."""
+
+    def __init__(self, beat: DatabaseScheduler, clock: FrozenClock, *, step: float = 0) -> None:
+        self.inner = beat.backend.materializer.materialize
+        self.clock, self.step = clock, step
+        self.calls = 0
+        self.starved: list[int] = []
+        beat.backend.materializer.materialize = self  # type: ignore[method-assign]
+
+    def __call__(self, **kw: Any) -> Any:
+        report = self.inner(**kw)
+        self.calls += 1
+        now = self.clock.now()
+        ahead = Occurrence.objects.filter(scheduled_for__gt=now + FLOOR).exists()
+        waiting = ScheduleCursor.objects.filter(active=True, next_run_at__lte=now).count()
+        if ahead and waiting:
+            self.starved.append(waiting)
+        if kw["horizon"] > FLOOR:
+            self.clock.advance(self.step)  # the time a shard's look-ahead takes
+        return report
+
+
+FLOOR = timedelta(seconds=60)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overdue_fire_times_of_every_shard_are_planned_before_any_is_planned_ahead(
+    app: Celery,
+) -> None:
+    clock = FrozenClock(NOW - timedelta(minutes=3))
+    minutely(40, clock)  # 40 schedules over many of the 64 shards
+    clock.set(NOW)  # the beats were away: each cron has 3 minutes due
+    beat = DatabaseScheduler(app=app, clock=clock, publisher=RecordingPublisher())
+    beat.materialize_rate = RateMeter(assumed=0.001)  # plan up to the 900 s ceiling
+    watch = Watch(beat, clock)
+    beat.tick()
+    assert watch.calls > 2
+    assert watch.starved == []
+    # And then ahead: every cron planned to the ceiling in the same tick.
+    assert not ScheduleCursor.objects.filter(
+        active=True, next_run_at__lte=NOW + timedelta(seconds=900)
+    ).exists()
+    beat.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_planning_ahead_yields_to_due_work_when_a_pass_runs_long(app: Celery) -> None:
+    clock = FrozenClock(NOW)
+    minutely(40, clock)
+    beat = DatabaseScheduler(app=app, clock=clock, publisher=RecordingPublisher())
+    beat.materialize_rate = RateMeter(assumed=0.001)
+    watch = Watch(beat, clock, step=20)  # each shard's look-ahead takes 20 s
+    for _ in range(12):
+        beat.tick()
+        clock.advance(1)
+    # Planning ahead 20 s a shard would leave the last shards' crons minutes late; it
+    # stops once new fire times come due, and the next tick plans those first.
+    assert watch.starved == []
+    assert Occurrence.objects.filter(scheduled_for__gt=clock.now() + FLOOR).exists()
+    beat.close()
