@@ -43,6 +43,9 @@ from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.lead import RateMeter, lead_seconds, pending_cap
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from celery_scheduler.core.reports import RelayReport
     from celery_scheduler.ports import Relay, ShardLeases, Stoppable
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,12 @@ PROGRESS_STAMP_INTERVAL = 1.0
 #: the one two beats sharing two cores achieve started a 500,000-row instant too late
 #: (bench/README.md, "How 500,000 with two beats got there").
 ASSUMED_MATERIALIZE_ROWS_PER_SECOND = 500
+#: Relaying rate assumed before one was measured (rows published per second of relay work:
+#: claim, prepare, lock, publish, mark), as low as the burst relay's assumed claim rate.
+ASSUMED_RELAY_ROWS_PER_SECOND = 2_000
+#: Rows published between two readings of the relay's rate (smaller samples are mostly
+#: the fixed cost of polls).
+RELAY_MEASURE_ROWS = 10_000
 #: Materializing passes at least this large log their rate at INFO (docs: "Retention and scale").
 STAGE_LOG_ROWS = 10_000
 #: Seconds between two readings of the schedules due within ``max_horizon_seconds``...
@@ -147,6 +156,8 @@ class DatabaseScheduler(beat.Scheduler):
         self._created_since_statistics = 0
         self._last_relay_poll = 0.0
         self.materialize_rate = RateMeter(assumed=ASSUMED_MATERIALIZE_ROWS_PER_SECOND)
+        self.relay_rate = RateMeter(assumed=ASSUMED_RELAY_ROWS_PER_SECOND)
+        self._relay_sample = (0, 0.0)  # rows published, seconds, since the last reading
         self._horizon: timedelta | None = None
         self._next_horizon_sizing = 0.0
         self._horizon_bounds = (0.0, 0.0)
@@ -323,7 +334,7 @@ class DatabaseScheduler(beat.Scheduler):
         if not self._synced:
             self._sync_static()
         relay = self._relay_or_create()
-        relay.publish_held()
+        self._relay_work(relay.publish_held)
         if self.clock.monotonic() >= self._next_poll:
             self._next_poll = self.clock.monotonic() + self.poll_interval
             cfg = self.backend.settings()  # once per step, passed down
@@ -394,9 +405,23 @@ class DatabaseScheduler(beat.Scheduler):
             logger.info("beat %s: re-queued %d lost message(s)", self.node, redelivered)
 
     def _relay_poll(self, relay: Relay) -> None:
-        relay.poll()
-        relay.publish_held()  # rows claimed just now may be due already
+        self._relay_work(relay.poll)
+        self._relay_work(relay.publish_held)  # rows claimed just now may be due already
         self._last_relay_poll = self.clock.monotonic()
+
+    def _relay_work(self, call: Callable[[], RelayReport]) -> None:
+        """One relay call, timed when it did work: the relay and the materializer share
+        this thread, so the horizon is sized from both rates (:meth:`_plan_horizon`)."""
+        started = time.perf_counter()
+        report = call()
+        if not (report.published or report.held or report.claimed):
+            return  # an empty poll measures the loop's fixed cost, not a row's
+        rows, seconds = self._relay_sample
+        rows, seconds = rows + report.published, seconds + time.perf_counter() - started
+        if rows >= RELAY_MEASURE_ROWS:
+            self.relay_rate.observe(rows, seconds)
+            rows, seconds = 0, 0.0
+        self._relay_sample = (rows, seconds)
 
     def _materialize(self, relay: Relay, cfg: ports.BeatSettings) -> None:
         """Materialize shard by shard, starting at a random shard, relaying in between.
@@ -456,7 +481,7 @@ class DatabaseScheduler(beat.Scheduler):
             rows += report.occurrences_created + report.missed
             spent += time.perf_counter() - began
             self._refresh_statistics(report.occurrences_created + report.missed)
-            relay.publish_held()
+            self._relay_work(relay.publish_held)
             if self.clock.monotonic() - self._last_relay_poll >= self.poll_interval:
                 self._relay_poll(relay)
             if deadline is not None and self.clock.monotonic() >= deadline:
@@ -479,7 +504,10 @@ class DatabaseScheduler(beat.Scheduler):
         ):
             return self._horizon
         self._horizon_bounds = bounds
-        rate = self.materialize_rate.rate
+        # Each row planned is then claimed, prepared, published and marked by this same
+        # thread: size the lead from the whole path, not from materializing alone (at the
+        # rate materializing alone allows, a peak was planned too late to be relayed).
+        rate = 1 / (1 / self.materialize_rate.rate + 1 / self.relay_rate.rate)
         started = time.perf_counter()
         pending = self.backend.materializer.count_due(
             until=self.clock.now() + timedelta(seconds=ceiling),

@@ -79,6 +79,21 @@ def test_a_load_that_needs_it_is_planned_ahead_of_the_floor_and_a_light_one_is_n
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_relay_s_share_of_the_thread_lengthens_the_horizon(app: Celery) -> None:
+    clock = FrozenClock(NOW)
+    ids = crons(40, clock)
+    beat = DatabaseScheduler(app=app, clock=clock, publisher=RecordingPublisher())
+    # Materializing alone: 1 s for 40 rows, inside the floor. But each row is then relayed
+    # by the same thread at 0.1 rows/s (400 s): plan them now, 7 minutes ahead.
+    beat.materialize_rate = RateMeter(assumed=40)
+    beat.relay_rate = RateMeter(assumed=0.1)
+    beat.tick()
+    planned = Occurrence.objects.filter(state="SCHEDULED", scheduled_for=FIRE)
+    assert sorted(str(o.schedule_id) for o in planned) == sorted(ids)
+    beat.close()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_ceiling_bounds_the_horizon(app: Celery) -> None:
     from django.test import override_settings
 
