@@ -171,6 +171,7 @@ class Watch:
         self.inner = beat.backend.materializer.materialize
         self.clock, self.step = clock, step
         self.calls = 0
+        self.planned_ahead = 0  # rows planned by look-ahead passes
         self.starved: list[int] = []
         beat.backend.materializer.materialize = self  # type: ignore[method-assign]
 
@@ -183,6 +184,7 @@ class Watch:
         if ahead and waiting:
             self.starved.append(waiting)
         if kw["horizon"] > FLOOR:
+            self.planned_ahead += report.occurrences_created
             self.clock.advance(self.step)  # the time a shard's look-ahead takes
         return report
 
@@ -223,5 +225,44 @@ def test_planning_ahead_yields_to_due_work_when_a_pass_runs_long(app: Celery) ->
     # Planning ahead 20 s a shard would leave the last shards' crons minutes late; it
     # stops once new fire times come due, and the next tick plans those first.
     assert watch.starved == []
-    assert Occurrence.objects.filter(scheduled_for__gt=clock.now() + FLOOR).exists()
+    assert watch.planned_ahead > 0
+    beat.close()
+
+
+class Order:
+    """Wraps the beat's materializer: after each shard's pass, notes how far past the
+    earliest fire time still unplanned some schedule was already planned."""
+
+    def __init__(self, beat: DatabaseScheduler) -> None:
+        self.inner = beat.backend.materializer.materialize
+        self.overshoot: list[timedelta] = []
+        beat.backend.materializer.materialize = self  # type: ignore[method-assign]
+
+    def __call__(self, **kw: Any) -> Any:
+        report = self.inner(**kw)
+        latest = Occurrence.objects.order_by("-scheduled_for").first()
+        waiting = (
+            ScheduleCursor.objects.filter(active=True, next_run_at__isnull=False)
+            .order_by("next_run_at")
+            .first()
+        )
+        if latest is not None and waiting is not None and waiting.next_run_at is not None:
+            self.overshoot.append(latest.scheduled_for - waiting.next_run_at)
+        return report
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_peak_ahead_is_planned_before_frequent_crons_later_fire_times(app: Celery) -> None:
+    clock = FrozenClock(NOW)
+    minutely(20, clock)
+    crons(20, clock)  # 12:07, seven minutes ahead
+    beat = DatabaseScheduler(app=app, clock=clock, publisher=RecordingPublisher())
+    beat.materialize_rate = RateMeter(assumed=0.001)  # plan up to the 900 s ceiling
+    order = Order(beat)
+    beat.tick()
+    # Earliest first, a floor at a time: no shard plans a per-minute cron's 12:15 while
+    # another shard's 12:07 waits (planning the whole horizon in one pass per shard did).
+    assert order.overshoot
+    assert max(order.overshoot) <= FLOOR
+    assert Occurrence.objects.filter(scheduled_for=FIRE, schedule__cron="7 * * * *").count() == 20
     beat.close()
