@@ -431,15 +431,10 @@ class DatabaseScheduler(beat.Scheduler):
         delay held rows: they are published between shards.
 
         Two stages when the horizon is above its floor: every shard's schedules up to
-        ``horizon_seconds`` first, then the look-ahead, until the fire times planned first
-        start coming due (half the floor). Planning each schedule minutes ahead in one
-        stage would leave the shards visited last (a long pass after an outage) with due
-        work waiting behind other shards' future.
-
-        The look-ahead goes earliest first, a floor further at a time over every shard: a
-        schedule's pass plans all its fire times up to the bound it is given, so one pass to
-        the whole horizon planned a per-minute cron's fire times fifteen minutes out before
-        another shard's top of the hour seven minutes out.
+        ``horizon_seconds`` first, then the look-ahead, shard by shard, until the fire
+        times planned first start coming due (half the floor). Planning each schedule
+        minutes ahead in one stage would leave the shards visited last (a long pass after
+        an outage) with due work waiting behind other shards' future.
         """
         fencing = self._shard_leases()
         if fencing is not None and not fencing:
@@ -448,11 +443,9 @@ class DatabaseScheduler(beat.Scheduler):
         floor = timedelta(seconds=cfg.horizon_seconds)
         started = self.clock.monotonic()
         rows, spent = self._materialize_shards(relay, min(horizon, floor), deadline=None)
-        deadline = started + floor.total_seconds() / 2
-        reach = floor
-        while reach < horizon and self.clock.monotonic() < deadline:
-            reach = min(reach + floor, horizon)
-            more, took = self._materialize_shards(relay, reach, deadline=deadline)
+        if horizon > floor:
+            deadline = started + floor.total_seconds() / 2
+            more, took = self._materialize_shards(relay, horizon, deadline=deadline)
             rows, spent = rows + more, spent + took
         self.materialize_rate.observe(rows, spent)
         if rows >= STAGE_LOG_ROWS:
