@@ -205,7 +205,7 @@ def _swap(table: str, shape: Shape, boundary: datetime) -> None:
     apply_shape(table, shape)
     _exec(sql.attach_history(table, history), {"end": boundary})
     _exec(sql.drop_constraint(history, _CHECK.format(table)))
-    _exec(sql.create_default_partition(table))
+    _exec(sql.create_default_partition(table, storage=partitions.storage(table)))
     partitions.name_indexes(table + "_default")
     partitions.name_indexes(history)
 

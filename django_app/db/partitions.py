@@ -73,6 +73,15 @@ DEFAULT_LOCK_TIMEOUT_MS = 2000
 #: The pause between two tries at the parents' locks (:func:`_lock_parents`): long enough
 #: for the run-path transaction that made a try give up to finish.
 LOCK_RETRY_PAUSE_S = 0.05
+#: The percentage of each outbox page its inserts fill. An outbox row is written three
+#: times: the plan inserts it, the relay's claim sets ``claimed_by`` and ``claim_expires_at``
+#: (no indexed column), the mark sets ``sent_at`` (in the due indexes' condition, so never a
+#: HOT update). The claim is a HOT update (no index entry) only where the new version fits
+#: on the row's page, and the relay claims thousands of rows in one statement, whose old
+#: versions cannot be pruned before it commits: a page needs room for a second version of
+#: every row on it. The mark's version then takes the room the pruned first versions leave.
+#: bench/README.md ("Write amplification") has the measured effect of each setting.
+OUTBOX_FILLFACTOR = 40
 
 
 def tables() -> list[str]:
@@ -109,6 +118,12 @@ def analyze_grown(min_changes: int = ANALYZE_MIN_CHANGES) -> list[str]:
         logger.info("partition statistics refresh skipped: %s", exc)
         return []
     return names
+
+
+def storage(table: str) -> str:
+    """The storage parameters each partition of ``table`` is created with (PostgreSQL keeps
+    none on a partitioned table itself)."""
+    return f"fillfactor={OUTBOX_FILLFACTOR}" if table == OutboxEntry._meta.db_table else ""
 
 
 def is_partitioned(table: str | None = None) -> bool:
@@ -295,17 +310,17 @@ def _create_slot(
     span = {"start": start, "end": end}
     with connection.cursor() as cur:
         if default is None:
-            cur.execute(sql.create_partition(table, name), span)
+            cur.execute(sql.create_partition(table, name, storage=storage(table)), span)
             name_indexes(name)
             return 0
         cur.execute(sql.count_range(default), span)
         (n,) = cur.fetchone() or (0,)
         if not n:
-            cur.execute(sql.create_partition(table, name), span)
+            cur.execute(sql.create_partition(table, name, storage=storage(table)), span)
             name_indexes(name)
             return 0
         including = "INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
-        cur.execute(sql.create_like(name, table, including=including))
+        cur.execute(sql.create_like(name, table, including=including, storage=storage(table)))
         cur.execute(sql.move_range(default, name, columns(table)), span)
         cur.execute(sql.attach_partition(table, name), span)
         name_indexes(name)
@@ -609,7 +624,7 @@ def partition_empty_tables(now: datetime, *, width: timedelta, ahead: int) -> li
             cur.execute(sql.key_not_null(table))
             cur.execute(sql.drop_table(plain))
             apply_shape(table, shape)
-            cur.execute(sql.create_default_partition(table))
+            cur.execute(sql.create_default_partition(table, storage=storage(table)))
             name_indexes(table + "_default")
         converted.append(table)
     if converted:

@@ -164,16 +164,31 @@ def lock_exclusive(*tables: str) -> str:
     return f"LOCK TABLE {', '.join(q(t) for t in tables)} IN ACCESS EXCLUSIVE MODE"
 
 
-def create_partition(table: str, name: str) -> str:
-    """Partition ``name`` of ``table`` for ``[start, end)``."""
+def _with(storage: str) -> str:
+    """A CREATE TABLE's ``WITH (...)`` clause of storage parameters, if any."""
+    return f" WITH ({storage})" if storage else ""
+
+
+def create_partition(table: str, name: str, *, storage: str = "") -> str:
+    """Partition ``name`` of ``table`` for ``[start, end)`` (``storage``: its parameters)."""
     return (
-        f"CREATE TABLE {q(name)} PARTITION OF {q(table)} FOR VALUES FROM (%(start)s) TO (%(end)s)"
+        f"CREATE TABLE {q(name)} PARTITION OF {q(table)} "
+        f"FOR VALUES FROM (%(start)s) TO (%(end)s){_with(storage)}"
     )
 
 
-def create_default_partition(table: str) -> str:
+def create_default_partition(table: str, *, storage: str = "") -> str:
     """``table``'s DEFAULT partition, ``<table>_default``."""
-    return f"CREATE TABLE {q(table + '_default')} PARTITION OF {q(table)} DEFAULT"
+    return f"CREATE TABLE {q(table + '_default')} PARTITION OF {q(table)} DEFAULT{_with(storage)}"
+
+
+def set_storage(table: str, storage: str) -> str:
+    """Set ``table``'s storage parameters (for the rows written from now on)."""
+    return f"ALTER TABLE {q(table)} SET ({storage})"
+
+
+def reset_storage(table: str, names: list[str]) -> str:
+    return f"ALTER TABLE {q(table)} RESET ({', '.join(names)})"
 
 
 def attach_partition(table: str, name: str) -> str:
@@ -208,9 +223,9 @@ def has_rows(table: str) -> str:
     return f"SELECT EXISTS (SELECT 1 FROM {q(table)})"
 
 
-def create_like(name: str, table: str, *, including: str) -> str:
+def create_like(name: str, table: str, *, including: str, storage: str = "") -> str:
     """A plain table ``name`` shaped like ``table`` (``including``: the LIKE options)."""
-    return f"CREATE TABLE {q(name)} (LIKE {q(table)} {including})"
+    return f"CREATE TABLE {q(name)} (LIKE {q(table)} {including}){_with(storage)}"
 
 
 def create_partitioned_like(name: str, table: str) -> str:

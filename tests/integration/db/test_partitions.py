@@ -193,6 +193,14 @@ def test_a_slot_filling_up_is_analyzed_at_its_first_rows_and_again_once_it_doubl
     assert slot in partitions.analyze_grown(min_changes=50)  # 60 since, at 120 rows: doubled
 
 
+def options(table: str) -> list[str] | None:
+    """``table``'s storage parameters."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [table])
+        (found,) = cur.fetchone()
+        return found
+
+
 @pytest.mark.django_db
 def test_rows_in_the_default_partition_move_into_their_new_slot(tenant: Any) -> None:
     occ, att, out = partitions.tables()
@@ -207,6 +215,10 @@ def test_rows_in_the_default_partition_move_into_their_new_slot(tenant: Any) -> 
         assert where(att, occurrence_id=r.id) == [f"{att}_p20340101"]
         assert where(out, occurrence_id=r.id) == [f"{out}_p20340101"]
     assert Occurrence.objects.filter(schedule=s).count() == 5
+    # Built from the default partition's rows (CREATE ... LIKE), the outbox's slot leaves the
+    # claim its room like every other one.
+    assert options(f"{out}_p20340101") == [f"fillfactor={partitions.OUTBOX_FILLFACTOR}"]
+    assert options(f"{occ}_p20340101") is None
     # The unique key still holds: the same fire time again is refused.
     with pytest.raises(IntegrityError), transaction.atomic():
         Occurrence.objects.create(
