@@ -59,6 +59,9 @@ class PhaseWork:
     record_bytes: int = 0
     fpi_bytes: int = 0
     unattributed_bytes: int = 0
+    seconds: float = 0.0
+    #: CPU seconds of this process and of its PostgreSQL backend during the phase.
+    cpu: tuple[float, float] = (0.0, 0.0)
     index_entries: Counter[str] = field(default_factory=Counter)
     heap: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
@@ -68,7 +71,10 @@ class PhaseWork:
             f"\n== {self.name}: {self.rows:,} rows; per row: WAL {self.record_bytes / per:,.0f} B "
             f"records + {self.fpi_bytes / per:,.0f} B full pages "
             f"(+ {self.unattributed_bytes / per:,.0f} B commits etc.); "
-            f"index entries {sum(self.index_entries.values()) / per:.2f}"
+            f"index entries {sum(self.index_entries.values()) / per:.2f}; "
+            f"{self.seconds:.2f} s, {self.rows / max(self.seconds, 1e-9):,.0f} rows/s; CPU per "
+            f"row: client {self.cpu[0] * 1e6 / per:,.0f} us, "
+            f"server {self.cpu[1] * 1e6 / per:,.0f} us"
         )
         for table, counts in sorted(self.heap.items()):
             shown = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(counts.items()) if v)
@@ -82,6 +88,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5_000)
     parser.add_argument("--db", default="cs_wal")
+    parser.add_argument(
+        "--outbox-fillfactor",
+        type=int,
+        help="set every outbox partition's fillfactor to this after migrating (100: pages "
+        "filled, as before migration 0027); default: as migrated",
+    )
     args = parser.parse_args()
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
@@ -93,9 +105,40 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    if args.outbox_fillfactor:
+        set_outbox_fillfactor(args.outbox_fillfactor)
     meter = Meter(f"{PG}/{args.db}")
     for phase in run_life(args.n, meter):
         phase.print()
+    print_sizes()
+
+
+def set_outbox_fillfactor(percent: int) -> None:
+    from django.db import connection
+
+    from django_app.db import partitions
+    from django_app.db import queries as sql
+    from django_app.models import OutboxEntry
+
+    with connection.cursor() as cur:
+        for p in partitions.partitions(OutboxEntry._meta.db_table):
+            cur.execute(sql.set_storage(p.name, f"fillfactor={percent}"))
+    print(f"outbox partitions' fillfactor set to {percent}")
+
+
+def print_sizes() -> None:
+    """The heap pages of each history table's partitions that hold rows, at the end."""
+    from django.db import connection
+
+    from django_app.db import partitions
+
+    with connection.cursor() as cur:
+        for table in partitions.tables():
+            for p in partitions.partitions(table):
+                cur.execute("SELECT pg_relation_size(%s::regclass) / 8192", [p.name])
+                (pages,) = cur.fetchone()  # type: ignore[misc]
+                if pages:
+                    print(f"heap pages at the end: {p.name} {pages:,}")
 
 
 class Meter:
@@ -121,7 +164,14 @@ class Meter:
     def _measure(self, name: str, rows: int, phase: Callable[[], Any]) -> PhaseWork:
         before_stats = self._table_stats()
         (start,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()  # type: ignore[misc]
+        from bench.create_rate import Cpu
+
+        cpu = Cpu()
+        cpu_before = cpu.read()
+        began = time.perf_counter()
         phase()
+        seconds = time.perf_counter() - began
+        used = tuple(b - a for a, b in zip(cpu_before, cpu.read(), strict=True))
         # The phase's backend reports its table counters at most once a second: without this
         # its last second of updates showed up in the next phase's heap lines.
         from django.db import connection
@@ -134,7 +184,7 @@ class Meter:
             "SELECT pg_current_wal_flush_lsn() < %s::pg_lsn", [end]
         ).fetchone()[0]:  # type: ignore[index]
             time.sleep(0.05)
-        work = PhaseWork(name, rows)
+        work = PhaseWork(name, rows, seconds=seconds, cpu=(used[0], used[1]))
         names = self._relation_names()
         for rmgr, rtype, length, fpi, block_ref in self.conn.execute(
             "SELECT resource_manager, record_type, record_length, fpi_length, block_ref "
