@@ -14,41 +14,40 @@ partitions, or on the plain table of an install not yet converted. It applies to
 written from now on. ``ALTER TABLE ... SET (fillfactor)`` takes a SHARE UPDATE EXCLUSIVE
 lock, which does not block reads or writes. SQLite and MariaDB: nothing to do.
 """
+from __future__ import annotations
 
 from django.db import migrations
 
 FILLFACTOR = 40
 
 
-def _outbox_relations(apps):
+def _alter_outbox(apps, schema_editor, statement):
+    """Run ``statement(relation)`` on each partition of the outbox, or its plain table."""
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql":
+        return
     from django_app.db import partitions
 
     table = apps.get_model("django_app", "OutboxEntry")._meta.db_table
     if partitions.is_partitioned(table):
-        return [p.name for p in partitions.partitions(table)]
-    return [table]
+        relations = [p.name for p in partitions.partitions(table)]
+    else:
+        relations = [table]
+    with connection.cursor() as cur:
+        for name in relations:
+            cur.execute(statement(name))
 
 
 def leave_room(apps, schema_editor):
-    connection = schema_editor.connection
-    if connection.vendor != "postgresql":
-        return
     from django_app.db import queries as sql
 
-    with connection.cursor() as cur:
-        for name in _outbox_relations(apps):
-            cur.execute(sql.set_storage(name, f"fillfactor={FILLFACTOR}"))
+    _alter_outbox(apps, schema_editor, lambda t: sql.set_storage(t, f"fillfactor={FILLFACTOR}"))
 
 
 def fill_pages(apps, schema_editor):
-    connection = schema_editor.connection
-    if connection.vendor != "postgresql":
-        return
     from django_app.db import queries as sql
 
-    with connection.cursor() as cur:
-        for name in _outbox_relations(apps):
-            cur.execute(sql.reset_storage(name, ["fillfactor"]))
+    _alter_outbox(apps, schema_editor, lambda t: sql.reset_storage(t, ["fillfactor"]))
 
 
 class Migration(migrations.Migration):
