@@ -598,6 +598,12 @@ def test_a_populated_install_is_converted_and_keeps_every_row(tenant: Any) -> No
             # The past is the history partition, the far future the default one.
             cur.execute(f"SELECT tableoid::regclass::text, count(*) FROM {occ} GROUP BY 1")
             assert dict(cur.fetchall()) == {f"{occ}__history": 4950, f"{occ}_default": 50}
+        # The outbox's new partitions leave the claim its room; the other tables' do not.
+        room = [f"fillfactor={partitions.OUTBOX_FILLFACTOR}"]
+        first_slot = partitions.slot_name(out, datetime.fromisoformat(report["boundary"]), DAY)
+        assert (options(f"{out}_default"), options(first_slot)) == (room, room)
+        assert options(f"{occ}_default") is None
+        assert options(f"{att}_default") is None
         # The scheduler writes on: today's rows into the history partition (it covers up to
         # the boundary, two days ahead), later ones into their slots; keys still unique.
         assert where(occ, id=add(schedule, now, S.SCHEDULED).id) == [f"{occ}__history"]

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
@@ -59,3 +60,19 @@ def test_every_outbox_partition_leaves_the_room(frozen_clock: FrozenClock) -> No
     factors = _fillfactors()
     assert len(factors) >= 6  # the default partition, the slots from migrate and these
     assert set(factors.values()) == {str(partitions.OUTBOX_FILLFACTOR)}, factors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0027_sets_the_room_on_existing_partitions_and_takes_it_back() -> None:
+    room = {str(partitions.OUTBOX_FILLFACTOR)}
+    assert set(_fillfactors().values()) == room
+    try:
+        MigrationExecutor(connection).migrate(
+            [("django_app", "0026_state_indexes_without_succeeded")]
+        )
+        assert set(_fillfactors().values()) == {None}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert set(_fillfactors().values()) == room
