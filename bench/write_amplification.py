@@ -38,6 +38,8 @@ from typing import Any
 import django
 import psycopg
 
+from bench.create_rate import Cpu
+
 PG = "postgresql://postgres@127.0.0.1:5432"
 TASK = "bench.write_amplification.noop"
 _REL = re.compile(r"rel \d+/(\d+)/(\d+)")
@@ -164,14 +166,12 @@ class Meter:
     def _measure(self, name: str, rows: int, phase: Callable[[], Any]) -> PhaseWork:
         before_stats = self._table_stats()
         (start,) = self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()  # type: ignore[misc]
-        from bench.create_rate import Cpu
-
         cpu = Cpu()
         cpu_before = cpu.read()
         began = time.perf_counter()
         phase()
         seconds = time.perf_counter() - began
-        used = tuple(b - a for a, b in zip(cpu_before, cpu.read(), strict=True))
+        client, server = (b - a for a, b in zip(cpu_before, cpu.read(), strict=True))
         # The phase's backend reports its table counters at most once a second: without this
         # its last second of updates showed up in the next phase's heap lines.
         from django.db import connection
@@ -184,7 +184,7 @@ class Meter:
             "SELECT pg_current_wal_flush_lsn() < %s::pg_lsn", [end]
         ).fetchone()[0]:  # type: ignore[index]
             time.sleep(0.05)
-        work = PhaseWork(name, rows, seconds=seconds, cpu=(used[0], used[1]))
+        work = PhaseWork(name, rows, seconds=seconds, cpu=(client, server))
         names = self._relation_names()
         for rmgr, rtype, length, fpi, block_ref in self.conn.execute(
             "SELECT resource_manager, record_type, record_length, fpi_length, block_ref "
