@@ -19,9 +19,11 @@ applied to the timing the driver asked for. Each (schedule, fire time) is classi
 Checks, each violation listed with its evidence: at most one effect per (schedule,
 scheduled_for) and per manual occurrence; no effect for a time that was never planned; no
 effect started before its ``available_at``; no effect delivered after its version was
-invalidated (the delivery time is a lower bound of the claim); every MUST time ran; no
-concurrency cap, overlap policy or tenant ``max_running`` exceeded by the effects' body
-intervals; no schedule created beyond its tenant's ``max_schedules``; and the reconciler
+invalidated (the delivery time is a lower bound of the claim); every MUST time ran (one
+whose body started, then waited to be claimed again when a version bump canceled it, is
+excused: a claimed time is never planned again); no concurrency cap, overlap policy or
+tenant ``max_running`` exceeded by the effects' body intervals; no schedule created beyond
+its tenant's ``max_schedules``; and the reconciler
 agrees (no ABSENT, every SUCCEEDED has its effect, every effect's occurrence is SUCCEEDED).
 
 A worker SIGSTOPped past its occurrence lease may finish a body after its slot was taken
@@ -333,6 +335,14 @@ def stalls(
     return out
 
 
+def _bumped_after(s: Sched, started_at: datetime) -> bool:
+    """Did a call that makes a new version end after a body of ``s`` started?"""
+    return any(
+        c.get("ok") and c["op"] in BUMPS and c.get("changed", True) and c["end"] > started_at
+        for c in s.calls
+    )
+
+
 def judge(
     history: list[dict[str, Any]],
     effects: list[Effect],
@@ -462,6 +472,13 @@ def judge(
         scheduler_says[fire].append(f"v{item['version']} {item['state'] or item['status']}")
 
     # -- every MUST ran --------------------------------------------------------------------
+    # A body that started, then lost its lease or failed, waits to be claimed again; a
+    # version bump in that wait cancels it for good, whatever the bump changed.
+    requeued_then_invalidated = {
+        (a["schedule_id"], a["scheduled_for"])
+        for a in attempts or []
+        if a["schedule_id"] in scheds and _bumped_after(scheds[a["schedule_id"]], a["started_at"])
+    }
     judged = 0
     must_total = 0
     replay_must: set[tuple[str, datetime]] = set()
@@ -490,9 +507,13 @@ def judge(
             must_total += 1
             if (sid, t) not in by_time:
                 said = ", ".join(scheduler_says.get((sid, t), [])) or "no row in its window"
-                verdict.add(
-                    "lost", f"{s.key}: {_fmt(t)} never ran", [f"(reconcile: {said})", *describe(s)]
-                )
+                evidence = [f"(reconcile: {said})", *describe(s)]
+                if (sid, t) in requeued_then_invalidated:
+                    # A claimed time is never planned again (django_app.schedules.replan).
+                    verdict.excuse("lost", f"{s.key}: {_fmt(t)} started, then was invalidated "
+                                   "while waiting to be claimed again", evidence)  # fmt: skip
+                    continue
+                verdict.add("lost", f"{s.key}: {_fmt(t)} never ran", evidence)
     for occ, rec in manual.items():
         s = scheds.get(rec["schedule_id"])
         if s is None:
@@ -531,11 +552,7 @@ def judge(
             continue  # unsettled times are not judged
         if s.create.get("poison") and is_poisoned(sid, t) and (sid, t) not in cured:
             continue  # DEAD by design until cured
-        bumped_after_start = any(
-            c.get("ok") and c["op"] in BUMPS and c.get("changed", True)
-            and c["end"] > a["started_at"] for c in s.calls
-        )  # fmt: skip
-        if bumped_after_start:
+        if _bumped_after(s, a["started_at"]):
             continue  # re-queued after a crash, then invalidated while waiting: allowed
         verdict.add("abandoned", f"{s.key}: {_fmt(t)} started at {_fmt(a['started_at'])} "
                     f"(pid {a['pid']}, v{a['version']}) and never finished",

@@ -23,7 +23,8 @@ from tests.acceptance.support import database_url
 # Every seed that ever found a bug, with what it found (the fix is in the commit that added it).
 # (The seeds of the first soak's runs that found its first holes were not recorded.)
 FIXED_SEEDS: dict[int, str] = {
-    3504470: "a lost copy waited 80 s (publish count); a body started on a lapsed lease",
+    3504470: "a lost copy waited 80 s (publish count); a body started on a lapsed lease;"
+    " the judge called lost a started run that a rename canceled while it waited again",
     13810352: "a message lost twice in a row is republished after a 45 s quiet period",
     2359631: "waiters for a concurrency slot starved behind a newer one (no FIFO)",
 }

@@ -179,6 +179,34 @@ def test_a_started_run_that_never_finished_is_abandoned_unless_invalidated_after
     assert kinds(judge(later, effects, CFG, end=END, attempts=[started])) == {}
 
 
+def test_a_started_run_invalidated_while_waiting_again_is_not_lost() -> None:
+    """Seed 3504470 (CI, stop 39): a worker started 12:00:50 and its lease lapsed; a rename
+    (timing unchanged, so its times stay MUST) bumped the version while the run waited to be
+    claimed again. The contract cancels it and never plans its time again (a claimed time
+    is never re-planned: django_app.schedules.replan), so it is excused, not lost."""
+    history = [create()]
+    effects = [e for e in every(0, 300) if e.scheduled_for != at(50)]
+    started = {
+        "occurrence_id": str(ids.occurrence_id(SID, 1, at(50))),
+        "schedule_id": SID,
+        "version": 1,
+        "scheduled_for": at(50),
+        "started_at": at(50.2),
+        "pid": 100,
+    }
+    rename = call("update", 58, 2, "ACTIVE", change="rename")
+    later = [*history, rename]
+    effects = [e for e in effects if e.scheduled_for < at(58)] + every(60, 300, version=2)
+    v = judge(later, effects, CFG, end=END, attempts=[started])
+    assert kinds(v) == {}
+    assert [x.kind for x in v.excused] == ["lost"]
+    # Without a started body the time was never claimed: the rename re-plans it, so it is lost.
+    assert kinds(judge(later, effects, CFG, end=END, attempts=[])) == {"lost": 1}
+    # A body that started after the rename is no excuse: the rename did not cancel it.
+    after = {**started, "started_at": at(58.1)}
+    assert kinds(judge(later, effects, CFG, end=END, attempts=[after])) == {"lost": 1}
+
+
 def test_a_capped_run_passed_by_later_waiters_breaks_the_waiting_bound() -> None:
     other = str(uuid.UUID(int=8))
     group = {"concurrency_limit": 1, "concurrency_group": "reports", "duration": 3}
