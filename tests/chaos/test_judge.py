@@ -100,6 +100,18 @@ def kinds(v: Verdict) -> dict[str, int]:
     return v.by_kind()
 
 
+def body_start(t: float, *, at_s: float, version: int = 1) -> dict[str, Any]:
+    """A worker's note that the body of fire time ``t`` started at ``at_s``."""
+    return {
+        "occurrence_id": str(ids.occurrence_id(SID, version, at(t))),
+        "schedule_id": SID,
+        "version": version,
+        "scheduled_for": at(t),
+        "started_at": at(at_s),
+        "pid": 100,
+    }
+
+
 def test_a_clean_run_has_no_violations() -> None:
     v = verdict([create()], every(0, 300))
     assert kinds(v) == {}
@@ -164,14 +176,7 @@ def test_a_cap_exceeded_is_caught_even_when_a_body_was_stalled_past_its_lease() 
 def test_a_started_run_that_never_finished_is_abandoned_unless_invalidated_after() -> None:
     history = [create(overlap_policy="SKIP_IF_RUNNING")]  # its times may be skipped...
     effects = [e for e in every(0, 300) if e.scheduled_for != at(50)]
-    started = {
-        "occurrence_id": str(ids.occurrence_id(SID, 1, at(50))),
-        "schedule_id": SID,
-        "version": 1,
-        "scheduled_for": at(50),
-        "started_at": at(50.2),
-        "pid": 100,
-    }
+    started = body_start(50, at_s=50.2)
     v = judge(history, effects, CFG, end=END, attempts=[started])
     assert kinds(v) == {"abandoned": 1}  # ...but not once they started
     later = [*history, call("update", 60, 2, "ACTIVE", change="rename")]
@@ -186,14 +191,7 @@ def test_a_started_run_invalidated_while_waiting_again_is_not_lost() -> None:
     is never re-planned: django_app.schedules.replan), so it is excused, not lost."""
     history = [create()]
     effects = [e for e in every(0, 300) if e.scheduled_for != at(50)]
-    started = {
-        "occurrence_id": str(ids.occurrence_id(SID, 1, at(50))),
-        "schedule_id": SID,
-        "version": 1,
-        "scheduled_for": at(50),
-        "started_at": at(50.2),
-        "pid": 100,
-    }
+    started = body_start(50, at_s=50.2)
     rename = call("update", 58, 2, "ACTIVE", change="rename")
     later = [*history, rename]
     effects = [e for e in effects if e.scheduled_for < at(58)] + every(60, 300, version=2)
@@ -203,7 +201,7 @@ def test_a_started_run_invalidated_while_waiting_again_is_not_lost() -> None:
     # Without a started body the time was never claimed: the rename re-plans it, so it is lost.
     assert kinds(judge(later, effects, CFG, end=END, attempts=[])) == {"lost": 1}
     # A body that started after the rename is no excuse: the rename did not cancel it.
-    after = {**started, "started_at": at(58.1)}
+    after = body_start(50, at_s=58.1)
     assert kinds(judge(later, effects, CFG, end=END, attempts=[after])) == {"lost": 1}
 
 
