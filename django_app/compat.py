@@ -78,3 +78,26 @@ class PostgresPartialIndex(models.Index):
             return super().create_sql(model, schema_editor, using=using, **kwargs)
         whole = models.Index(fields=list(self.fields), name=self.name)
         return whole.create_sql(model, schema_editor, using=using, **kwargs)
+
+
+class PostgresBrinIndex(models.Index):
+    """A BRIN index on PostgreSQL, a B-tree on SQLite and MariaDB (which have no BRIN).
+
+    A BRIN index keeps one small summary (the least and greatest value) per range of table
+    pages, not one entry per row: for a column that grows with the table's physical order,
+    a range query reads the few page ranges that can hold matches, and an insert or update
+    writes nothing into the index unless it widens its range's summary. A range the index
+    has not summarized yet is read whole by every query, so ``autosummarize`` has autovacuum
+    summarize each range as soon as the table's inserts move on to the next.
+    """
+
+    def create_sql(
+        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
+    ) -> Any:
+        if schema_editor.connection.vendor == "postgresql":
+            statement = super().create_sql(model, schema_editor, using=" USING brin", **kwargs)
+            # As django.contrib.postgres's BrinIndex(autosummarize=True) writes it.
+            parts: dict[str, Any] = statement.parts
+            parts["extra"] = f" WITH (autosummarize = on){parts['extra']}"
+            return statement
+        return super().create_sql(model, schema_editor, using=using, **kwargs)

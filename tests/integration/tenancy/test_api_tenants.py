@@ -127,6 +127,25 @@ def test_trigger_rate_change_applies_to_the_next_relay_pass() -> None:
     assert relay_due(clock=clock, publisher=publisher).published == 40
 
 
+def test_published_last_minute_counts_the_rows_sent_in_the_last_60_seconds() -> None:
+    api.create_tenant("acme")
+    api.create_tenant("initech")
+    seed(Tenant.objects.get(slug="acme"), [NOW - timedelta(seconds=1)] * 7)
+    seed(Tenant.objects.get(slug="initech"), [NOW - timedelta(seconds=1)] * 2)
+    clock = FrozenClock(NOW)
+    assert relay_due(clock=clock, publisher=RecordingPublisher()).published == 9
+
+    def published() -> dict[str, int]:
+        return {u.tenant.slug: u.published_last_minute for u in api.list_tenants(clock=clock)
+                if u.tenant.slug in ("acme", "initech")}  # fmt: skip
+
+    assert published() == {"acme": 7, "initech": 2}
+    clock.advance(59)
+    assert published() == {"acme": 7, "initech": 2}
+    clock.advance(2)
+    assert published() == {"acme": 0, "initech": 0}
+
+
 def test_catchup_rate_change_applies_to_the_next_materializer_pass() -> None:
     from django_app.models import Occurrence
     from django_app.wiring import materialize_due
