@@ -83,6 +83,17 @@ def fresh_database(name: str) -> None:
         c.execute(f'CREATE DATABASE "{name}"')
 
 
+def migrated_database(name: str) -> None:
+    """A fresh database ``name``, Django set up on it and its migrations applied."""
+    fresh_database(name)
+    os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{name}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="cs_create_bench")

@@ -91,6 +91,14 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 60) -> None:
             process.wait(timeout=timeout)
 
 
+def ensure_database(db: str) -> None:
+    """Create the bench's database on a fresh machine (its tables are wiped per point)."""
+    server, name = db.rsplit("/", 1)
+    with psycopg.connect(server + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
 def db_counters(db: str) -> dict[str, Any]:
     name = db.rsplit("/", 1)[1]
     with psycopg.connect(db.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
@@ -522,6 +530,7 @@ def main(argv: list[str]) -> None:
         DATABASE_URL=db, CELERY_BROKER_URL=args.broker,
         DJANGO_SETTINGS_MODULE="example_project.settings",
     )  # fmt: skip
+    ensure_database(db)
     import django
 
     django.setup()

@@ -1,6 +1,7 @@
 """The database's work per occurrence over its whole life, phase by phase, on PostgreSQL.
 
-``python -m bench.write_amplification [--n 5000] [--db cs_wal]``
+``python -m bench.write_amplification [--n 5000] [--db cs_wal] [--outbox-fillfactor N]
+[--drop-index a,b]``
 
 Recreates the database ``--db``, migrates it, and takes N hourly crons (due at one minute)
 through the life a user's schedule has on the defaults, each phase in this process on a
@@ -16,8 +17,9 @@ For each phase it prints, per schedule or occurrence:
   after a checkpoint logs the whole page; each phase starts after a ``CHECKPOINT``, so the
   FPI column is the worst case). Records without a relation (commits) are counted apart;
   other databases' WAL on a shared cluster is left out by the relation filter;
-- index entries written (B-tree and GIN leaf inserts) per index, and heap inserts, updates
-  and HOT updates per table (``pg_stat_user_tables`` deltas of this database).
+- index entries written (B-tree and GIN leaf inserts) per index, a BRIN index's summary
+  writes apart, and heap inserts, updates and HOT updates per table (``pg_stat_user_tables``
+  deltas of this database).
 
 The figures are counts of the database's work, so unlike times they do not depend on what
 else the machine does.
@@ -35,10 +37,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import django
 import psycopg
 
-from bench.create_rate import Cpu
+from bench.create_rate import Cpu, migrated_database
 
 PG = "postgresql://postgres@127.0.0.1:5432"
 TASK = "bench.write_amplification.noop"
@@ -50,6 +51,9 @@ _REL = re.compile(r"rel \d+/(\d+)/(\d+)")
 #: counting both made the count follow the pages' dedup state rather than the writes.
 _INDEX_INSERTS = {("Btree", "INSERT_LEAF"), ("Btree", "INSERT_POST"), ("Btree", "INSERT_UPPER"),
                   ("Btree", "SPLIT_L"), ("Btree", "SPLIT_R"), ("Gin", "INSERT")}  # fmt: skip
+#: A BRIN index writes no entry per row: these records widen a page range's summary (or add
+#: one), counted per index beside the entries above.
+_BRIN_WRITES = {("BRIN", "INSERT"), ("BRIN", "UPDATE"), ("BRIN", "SAMEPAGE_UPDATE")}
 
 
 @dataclass
@@ -65,6 +69,7 @@ class PhaseWork:
     #: CPU seconds of this process and of its PostgreSQL backend during the phase.
     cpu: tuple[float, float] = (0.0, 0.0)
     index_entries: Counter[str] = field(default_factory=Counter)
+    brin_writes: Counter[str] = field(default_factory=Counter)
     heap: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     def print(self) -> None:
@@ -84,6 +89,8 @@ class PhaseWork:
                 print(f"   heap  {table:<40} {shown}")
         for index, count in self.index_entries.most_common():
             print(f"   index {index:<40} {count / per:.2f}")
+        for index, count in self.brin_writes.most_common():
+            print(f"   brin  {index:<40} {count / per:.2f} summary writes")
 
 
 def main() -> None:
@@ -96,19 +103,23 @@ def main() -> None:
         help="set every outbox partition's fillfactor to this after migrating (100: pages "
         "filled, as before migration 0027); default: as migrated",
     )
+    parser.add_argument(
+        "--drop-index",
+        default="",
+        help="comma-separated indexes to drop after migrating (what an index costs, as an "
+        "experiment: the database is recreated by the next run)",
+    )
     args = parser.parse_args()
 
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{args.db}"')
-    os.environ["DATABASE_URL"] = f"{PG}/{args.db}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    migrated_database(args.db)
     if args.outbox_fillfactor:
         set_outbox_fillfactor(args.outbox_fillfactor)
+    for index in filter(None, args.drop_index.split(",")):
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(f'DROP INDEX "{index}"')
+        print(f"index {index} dropped")
     meter = Meter(f"{PG}/{args.db}")
     for phase in run_life(args.n, meter):
         phase.print()
@@ -126,6 +137,20 @@ def set_outbox_fillfactor(percent: int) -> None:
         for p in partitions.partitions(OutboxEntry._meta.db_table):
             cur.execute(sql.set_storage(p.name, f"fillfactor={percent}"))
     print(f"outbox partitions' fillfactor set to {percent}")
+
+
+def summarize_brin_ranges() -> None:
+    """Summarize every BRIN index's page ranges, as ``autosummarize`` has autovacuum do soon
+    after the plan writes them: a publish then widens summaries, the work it does in steady
+    state (into a range not summarized yet it writes nothing)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT brin_summarize_new_values(c.oid) FROM pg_class c JOIN pg_am a"
+            " ON a.oid = c.relam WHERE a.amname = 'brin' AND c.relkind = 'i'"
+        )
+        print(f"BRIN ranges summarized before the publish: {sum(r[0] for r in cur.fetchall())}")
 
 
 def print_sizes() -> None:
@@ -201,6 +226,8 @@ class Meter:
             work.fpi_bytes += fpi
             if (rmgr, rtype.split()[0]) in _INDEX_INSERTS:
                 work.index_entries[names.get(refs[0][1], refs[0][1])] += 1
+            elif (rmgr, rtype.split()[0]) in _BRIN_WRITES:
+                work.brin_writes[names.get(refs[0][1], refs[0][1])] += 1
         after_stats = self._table_stats()
         for table, after in after_stats.items():
             before = before_stats.get(table, (0, 0, 0))
@@ -257,6 +284,7 @@ def run_life(n: int, meter: Meter) -> list[PhaseWork]:
                       lambda: wiring.materialize_due(clock=clock, node="bench"))
     )  # fmt: skip
     publisher = RecordingPublisher()
+    summarize_brin_ranges()
 
     def publish() -> None:
         relay = BurstRelay(clock=clock, publisher=publisher, node="bench")
