@@ -84,9 +84,8 @@ def measure(label: str, now: datetime) -> int:
         usage = tenants.list_tenants(now=now)
         times.append(time.perf_counter() - began)
     published = sum(u.published_last_minute for u in usage)
-    query = OutboxEntry.objects.filter(
-        sent_at__gt=now - timedelta(seconds=60), sent_at__lte=now, publish_count__gt=0
-    ).values_list("tenant_id")
+    query = OutboxEntry.objects.published_since(now - tenants.PUBLISHED_WINDOW, now)
+    query = query.values_list("tenant_id")
     sql, params = query.query.sql_with_params()
     with connection.cursor() as cur:
         cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params)

@@ -249,6 +249,11 @@ class OutboxQuerySet(PartitionKeyQuerySet):
     def unsent(self) -> OutboxQuerySet:
         return self.filter(sent_at__isnull=True)
 
+    def published_since(self, since: datetime, now: datetime) -> OutboxQuerySet:
+        """Rows published in ``(since, now]`` (the ``outbox_sent_at`` index). ``publish_count >
+        0``: closed rows (invalidated, dropped, skipped) carry a ``sent_at`` too."""
+        return self.filter(sent_at__gt=since, sent_at__lte=now, publish_count__gt=0)
+
     def due(self, until: datetime) -> OutboxQuerySet:
         """Unsent rows available at or before ``until`` (the partial ``outbox_due`` index)."""
         return self.filter(sent_at__isnull=True, available_at__lte=until)

@@ -104,17 +104,16 @@ def get_tenant(slug: str) -> TenantInfo:
     return info(tenant)
 
 
+#: The window of ``TenantUsage.published_last_minute``.
+PUBLISHED_WINDOW = timedelta(seconds=60)
+
+
 def list_tenants(*, now: datetime) -> list[TenantUsage]:
     """Every tenant (by slug) with its usage: four grouped queries, not four per tenant."""
     tenants = list(Tenant.objects.order_by("slug"))
     schedules = _grouped(Schedule.objects.live())
     running = _grouped(Occurrence.objects.running_leased(now))
-    published = _grouped(
-        # publish_count > 0: closed rows (invalidated, dropped, skipped) carry a sent_at too.
-        OutboxEntry.objects.filter(
-            sent_at__gt=now - timedelta(seconds=60), sent_at__lte=now, publish_count__gt=0
-        )
-    )
+    published = _grouped(OutboxEntry.objects.published_since(now - PUBLISHED_WINDOW, now))
     backlog = _grouped(
         OutboxEntry.objects.unsent().filter(
             occurrence__manual=False,

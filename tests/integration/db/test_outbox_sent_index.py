@@ -5,7 +5,7 @@ the retention window keeps."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from celery_scheduler.core.clock import FrozenClock
+from django_app import tenants
 from django_app.db import partitions
 from django_app.models import OutboxEntry
 
@@ -38,23 +39,13 @@ def _brin_indexes(options: bool = False) -> dict[str, Any]:
 
 
 def _outbox_partitions() -> set[str]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-            " WHERE i.inhparent = %s::regclass",
-            [OutboxEntry._meta.db_table],
-        )
-        return {r[0] for r in cur.fetchall()}
+    return {p.name for p in partitions.partitions(OutboxEntry._meta.db_table)}
 
 
-def _plan_of_published_count(now: object) -> str:
+def _plan_of_published_count(now: datetime) -> str:
     """The plan of the tenants list's published count, sequential scans priced out: it
     names the index only if the index can answer the query."""
-    published = OutboxEntry.objects.filter(
-        sent_at__gt=now - timedelta(seconds=60),  # type: ignore[operator]
-        sent_at__lte=now,
-        publish_count__gt=0,
-    )
+    published = OutboxEntry.objects.published_since(now - tenants.PUBLISHED_WINDOW, now)
     sql, params = published.values_list("tenant_id").query.sql_with_params()
     with connection.cursor() as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
