@@ -161,7 +161,7 @@ def execute(
         ):
             _ran(claimed, clock)
         return {"outcome": "DEAD", "reason": error}
-    if not _lease_still_held(claimed, lease, clock):
+    if not lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
     heartbeat = heartbeats.hold(occurrence_id, token, lease, clock, claimed.scheduled_for)
     try:
@@ -264,7 +264,7 @@ def scheduled_run(
     )
 
 
-def _lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock) -> bool:
+def lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock) -> bool:
     """Whether the body may start: a claim older than one renewal period is renewed first.
 
     A worker stalled between its claim and the body (SIGSTOP, a long pause, a frozen VM)

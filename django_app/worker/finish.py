@@ -119,21 +119,26 @@ def renew(
     lease: timedelta | None = None,
     scheduled_for: datetime | None = None,
 ) -> bool:
-    """Extend the occurrence lease and the attempt's slot lease; False if the token is stale.
+    """Extend the occurrence lease and the attempt's slot lease; False if the token is stale
+    or the lease has lapsed.
 
-    False means another attempt (or the reaper) owns the occurrence now: stop renewing; the
-    completion will be rejected. ``scheduled_for`` (the claim's) keeps it to the
-    occurrence's history partition.
+    False means the run may no longer count on its lease: stop renewing, and a body that has
+    not started must not start. A lapsed lease is never renewed, even under a current token:
+    from its expiry on, claims stopped counting the run (its concurrency slot could be
+    taken, the overlap policy and the tenant's ``max_running`` let the next run start), so
+    renewing it would bring a second run to life beside them. ``scheduled_for`` (the
+    claim's) keeps it to the occurrence's history partition.
     """
     occ_id = uuid.UUID(str(occurrence_id))
     now = (clock or SYSTEM_CLOCK).now()
     expires = now + lease_or_default(lease)
+    live = Occurrence.objects.filter(pk=occ_id, lease_expires_at__gt=now)
     with transaction.atomic():
         # RUNNING -> RUNNING under the same token: only the lease moves.
-        if not transition(
-            occ_id, S.RUNNING, only_from=S.RUNNING, if_token=token, lease_expires_at=expires,
-            scheduled_for=scheduled_for,
-        ):  # fmt: skip
+        moved = by_key(live, scheduled_for).transition(
+            S.RUNNING, only_from=S.RUNNING, if_token=token, lease_expires_at=expires
+        )
+        if not moved:
             observe.worker_event("lease_lost")
             return False
         _attempt(occ_id, token, scheduled_for).update(heartbeat_at=now)

@@ -191,15 +191,38 @@ def test_a_body_does_not_start_on_a_lease_that_lapsed_after_the_claim(
 def test_a_body_that_starts_late_under_its_own_lease_renews_it_and_runs(
     tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A slow start with the lease still ours (nobody reaped it): the check renews it."""
+    """A slow start (past the renewal period, within the 30 s lease): the check renews it."""
     occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[1]), frozen_clock.now())
     real_claim = claim.claim
 
     def claim_then_pause(*args: Any, **kwargs: Any) -> claim.ClaimResult:
         claimed = real_claim(*args, **kwargs)
-        frozen_clock.advance(31)
+        frozen_clock.advance(20)
         return claimed
 
     monkeypatch.setattr(claim, "claim", claim_then_pause)
     assert run(occ, frozen_clock)["outcome"] == "SUCCEEDED"
     assert seen[-1] == str(occ.id)
+
+
+def test_a_body_does_not_start_on_a_lapsed_lease_that_nobody_reaped_yet(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its expiry the run stopped counting (its slot could be taken, the next run
+    could start): the token is still current, but the body must not start. The run stays
+    RUNNING on its lapsed lease, and the reaper re-queues it. Before: the check renewed the
+    lapsed lease and the body ran (two bodies under a cap of 1 in the invoice test)."""
+    occ = make_occurrence(make_schedule(tenant, task="t.ok", args=[1]), frozen_clock.now())
+    real_claim = claim.claim
+
+    def claim_then_stall(*args: Any, **kwargs: Any) -> claim.ClaimResult:
+        claimed = real_claim(*args, **kwargs)
+        frozen_clock.advance(31)  # past the 30 s lease
+        return claimed
+
+    monkeypatch.setattr(claim, "claim", claim_then_stall)
+    seen.clear()
+    assert run(occ, frozen_clock)["outcome"] == "LEASE_LOST"
+    assert seen == []
+    assert Occurrence.objects.get(pk=occ.pk).state == S.RUNNING
+    assert finish.reap_expired(clock=frozen_clock) == 1

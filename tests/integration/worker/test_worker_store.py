@@ -14,7 +14,7 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import AttemptOutcome, OverlapPolicy, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
-from django_app import observe
+from django_app import observe, tasks
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry
 from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
@@ -316,6 +316,38 @@ def test_concurrency_cap_shared_by_a_group_and_released_only_by_the_holder(
     assert taken.fencing_token is not None
     finish.complete(occ_b.id, taken.fencing_token, None, clock=clock)
     assert ConcurrencySlot.objects.get(key="invoices").owner == ""
+
+
+def test_a_lapsed_lease_is_not_renewed_once_its_slot_was_taken(
+    tenant: Any, clock: FrozenClock
+) -> None:
+    # A worker stalled between its claim and its body (or between two heartbeats) past its
+    # lease: another run took the cap's only slot. Renewing the occurrence's lease then
+    # would let the stalled body start, or its fenced commit land, beside the new holder.
+    a = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
+    b = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
+    occ_a, occ_b = make_occurrence(a, clock.now()), make_occurrence(b, clock.now())
+    stalled = claim_as(occ_a, clock)
+    assert stalled.fencing_token is not None
+    clock.advance(LEASE + timedelta(seconds=1))
+    assert claim_as(occ_b, clock).claimed
+    assert not finish.renew(occ_a.id, stalled.fencing_token, clock=clock, lease=LEASE)
+    assert not tasks.lease_still_held(stalled, LEASE, clock)
+    assert ConcurrencySlot.objects.get(key="invoices").occurrence_id == occ_b.id
+
+
+def test_a_lapsed_lease_is_not_renewed_once_the_next_run_started(
+    tenant: Any, clock: FrozenClock
+) -> None:
+    schedule = make_schedule(tenant, overlap_policy=OverlapPolicy.SKIP_IF_RUNNING)
+    first = make_occurrence(schedule, clock.now())
+    stalled = claim_as(first, clock)
+    assert stalled.fencing_token is not None
+    clock.advance(LEASE + timedelta(seconds=1))
+    # The lapsed run no longer counts as running: the next one starts...
+    assert claim_as(make_occurrence(schedule, clock.now()), clock).claimed
+    # ...so the lapsed one must not come back to life beside it.
+    assert not finish.renew(first.id, stalled.fencing_token, clock=clock, lease=LEASE)
 
 
 def test_cap_of_two_per_schedule(tenant: Any, clock: FrozenClock) -> None:
