@@ -161,6 +161,18 @@ class OccurrenceQuerySet(models.QuerySet["Occurrence"]):
         """RUNNING under a lease that expired before ``now`` (the reaper's work)."""
         return self.filter(state=S.RUNNING.value, lease_expires_at__lt=now)
 
+    def sent_scheduled_between(self, since: datetime, until: datetime) -> OccurrenceQuerySet:
+        """Sent occurrences (``enqueued_at`` set) scheduled in ``[since, until]``, newest
+        first: the lag samples of the admin overview and of ``scheduler_status``.
+
+        The window is on ``scheduled_for``, the history's partition key, so the read stays in
+        the slots that hold it and walks ``occurrence_enqueued_time`` from its end, whatever
+        the retention window keeps. (A window on ``enqueued_at`` read every slot whole.)
+        """
+        return self.filter(
+            enqueued_at__isnull=False, scheduled_for__gte=since, scheduled_for__lte=until
+        ).order_by("-scheduled_for")
+
     def transition(
         self,
         target: S,

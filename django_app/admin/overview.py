@@ -24,6 +24,7 @@ from django_app.admin import queries
 from django_app.admin.scale import capped_count
 from django_app.admin.tenancy import scope
 from django_app.models import Occurrence, OutboxEntry, Schedule
+from django_app.querysets import OccurrenceQuerySet
 
 MAX_LAG_ROWS = 20_000
 #: Each count on the page stops here ("100000+"): a count must not read ten million rows.
@@ -77,24 +78,20 @@ def nearest_rank(sorted_values: list[float], percent: float) -> float | None:
     return sorted_values[rank - 1]
 
 
-def _window(occurrences: QuerySet[Occurrence], now: datetime) -> QuerySet[Any]:
+def _window(occurrences: OccurrenceQuerySet, now: datetime) -> QuerySet[Any]:
     """The newest MAX_LAG_ROWS enqueued occurrences of the last hour."""
-    return (
-        occurrences.filter(
-            enqueued_at__isnull=False, scheduled_for__gte=now - LAG_WINDOW, scheduled_for__lte=now
-        )
-        .order_by("-scheduled_for")
-        .values_list("scheduled_for", "enqueued_at")[:MAX_LAG_ROWS]
-    )
+    return occurrences.sent_scheduled_between(now - LAG_WINDOW, now).values_list(
+        "scheduled_for", "enqueued_at"
+    )[:MAX_LAG_ROWS]
 
 
-def _lag_rows(occurrences: QuerySet[Occurrence], now: datetime) -> list[tuple[datetime, float]]:
+def _lag_rows(occurrences: OccurrenceQuerySet, now: datetime) -> list[tuple[datetime, float]]:
     rows = _window(occurrences, now)
     return [(s, (e - s).total_seconds()) for s, e in rows if e is not None]
 
 
 def _sql_summary(
-    occurrences: QuerySet[Occurrence], now: datetime
+    occurrences: OccurrenceQuerySet, now: datetime
 ) -> tuple[int, list[float | None], dict[int, float]]:
     """(samples, p50/p95/p99, worst lag per minute ago) computed by PostgreSQL over the same
     rows as the Python path: reading tens of thousands of rows into Python takes seconds."""
@@ -109,7 +106,7 @@ def _sql_summary(
 
 
 def lag_percentiles(
-    occurrences: QuerySet[Occurrence], now: datetime, *, use_sql: bool | None = None
+    occurrences: OccurrenceQuerySet, now: datetime, *, use_sql: bool | None = None
 ) -> tuple[int, list[float | None], list[tuple[int, float | None]]]:
     """(samples, [p50, p95, p99], worst lag per minute for the last 60 minutes), over the
     newest MAX_LAG_ROWS enqueued occurrences of the last hour (in SQL on PostgreSQL)."""

@@ -8,7 +8,7 @@ an id outside the scope is refused as a whole with 403 before anything changes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -23,6 +23,9 @@ from django_app.models import Tenant, TenantMembership
 
 _CACHE_ATTR = "_scheduler_tenant"
 _MULTI_ATTR = "_scheduler_multi_tenant"
+
+#: A queryset keeps its own class (and its methods) through :func:`scope`.
+_Rows = TypeVar("_Rows", bound=QuerySet[Any])
 
 
 def tenant_of(request: HttpRequest) -> Tenant | None:
@@ -58,7 +61,7 @@ def shows_tenants(request: HttpRequest) -> bool:
     return bool(getattr(request, _MULTI_ATTR))
 
 
-def scope(request: HttpRequest, queryset: QuerySet[Any], lookup: str = "tenant") -> QuerySet[Any]:
+def scope(request: HttpRequest, queryset: _Rows, lookup: str = "tenant") -> _Rows:
     """``queryset`` restricted to what the request's user may see."""
     if sees_all_tenants(request):
         return queryset

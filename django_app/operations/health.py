@@ -24,7 +24,7 @@ from typing import Any
 
 from celery import current_app
 from django.db import close_old_connections, connection
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
@@ -130,15 +130,22 @@ def status(*, clock: Clock = SYSTEM_CLOCK, lag_minutes: float = 5.0) -> Status:
     )
 
 
+def lag_window(now: datetime, minutes: float) -> QuerySet[Any]:
+    """(enqueued_at, scheduled_for) of the newest LAG_SAMPLE_LIMIT non-manual occurrences
+    scheduled in the last ``minutes`` and sent: the admin overview's window, shorter.
+
+    An occurrence still unsent is not in it (the outbox backlog and its oldest due row
+    are); neither is one scheduled before the window and sent late in it, whose lateness
+    the oldest due row showed while it waited.
+    """
+    since = now - timedelta(minutes=minutes)
+    sent = Occurrence.objects.filter(manual=False).sent_scheduled_between(since, now)
+    return sent.values_list("enqueued_at", "scheduled_for")[:LAG_SAMPLE_LIMIT]
+
+
 def _recent_lags(now: datetime, minutes: float) -> list[float]:
-    """``enqueued_at - scheduled_for`` of non-manual occurrences enqueued in the window."""
-    rows = (
-        Occurrence.objects.filter(
-            manual=False, enqueued_at__gte=now - timedelta(minutes=minutes), enqueued_at__lte=now
-        )
-        .order_by("-enqueued_at")
-        .values_list("enqueued_at", "scheduled_for")[:LAG_SAMPLE_LIMIT]
-    )
+    """``enqueued_at - scheduled_for`` over :func:`lag_window`."""
+    rows = lag_window(now, minutes)
     return [max(0.0, (enq - sched).total_seconds()) for enq, sched in rows if enq is not None]
 
 

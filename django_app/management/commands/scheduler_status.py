@@ -49,7 +49,8 @@ class Command(BaseCommand):
             "--lag-minutes",
             type=float,
             default=5.0,
-            help="Window of the lag p99 (minutes, default %(default)s).",
+            help="Window of the lag p99: occurrences scheduled in the last MINUTES and sent "
+            "(default %(default)s).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -92,7 +93,7 @@ def render(report: health.Status) -> str:
             if report.oldest_due_unsent_age_seconds is not None
             else ""
         ),
-        f"lag p99 over {report.lag_window_minutes:g} min: "
+        f"lag p99 of the last {report.lag_window_minutes:g} min's sent occurrences: "
         + (
             f"{report.lag_p99_seconds:.3f} s ({report.lag_samples} occurrences)"
             if report.lag_p99_seconds is not None
