@@ -99,6 +99,32 @@ def _create(
             api.create_schedules(items[at : at + CHUNK], tenant=slug)
 
 
+def insert_succeeded(
+    cur: Any,
+    schedule_id: Any,
+    tenant_id: int,
+    *,
+    start: datetime,
+    n: int,
+    step: float,
+    sent_after: float = 0.0,
+) -> None:
+    """``n`` SUCCEEDED occurrences of one schedule from ``start``, ``step`` seconds apart,
+    each sent ``sent_after`` seconds after its time: history by SQL, not the measured path."""
+    cur.execute(
+        "INSERT INTO django_app_occurrence (id, schedule_id, schedule_version, "
+        "tenant_id, scheduled_for, available_at, state, manual, overlap_policy, "
+        "attempt_count, fencing_token, lease_owner, created_at, enqueued_at, "
+        "finished_at, last_error, reason) "
+        "SELECT gen_random_uuid(), %(s)s, 1, %(t)s, x.t, x.t, 'SUCCEEDED', false, '', "
+        "1, 1, '', x.t, x.t + %(sent_after)s * interval '1 s', x.t, '', '' "
+        "FROM generate_series(0, %(n)s - 1) g, "
+        "LATERAL (SELECT %(start)s::timestamptz + g * %(step)s * interval '1 s' AS t) x",
+        {"s": schedule_id, "t": tenant_id, "n": n, "start": start, "step": step,
+         "sent_after": sent_after},
+    )  # fmt: skip
+
+
 def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     from django.db import connection
 
@@ -117,15 +143,8 @@ def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     with connection.cursor() as cur:
         for d in range(days - part, 0, -parts):  # this process's share of the days
             day = today - timedelta(days=d)
-            cur.execute(
-                "INSERT INTO django_app_occurrence (id, schedule_id, schedule_version, "
-                "tenant_id, scheduled_for, available_at, state, manual, overlap_policy, "
-                "attempt_count, fencing_token, lease_owner, created_at, enqueued_at, "
-                "finished_at, last_error, reason) "
-                "SELECT gen_random_uuid(), %(s)s, 1, %(t)s, x.t, x.t, 'SUCCEEDED', false, '', "
-                "1, 1, '', x.t, x.t, x.t, '', '' FROM generate_series(0, %(n)s - 1) g, "
-                "LATERAL (SELECT %(day)s::timestamptz + g * (interval '1 day' / %(n)s) AS t) x",
-                {"s": schedule.pk, "t": tenant.pk, "n": per_day, "day": day},
+            insert_succeeded(
+                cur, schedule.pk, tenant.pk, start=day, n=per_day, step=86_400 / per_day
             )
             span = {"a": day, "b": day + timedelta(days=1), "s": schedule.pk}
             cur.execute(

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.create_rate import migrated_database
+from bench.seed_scale import insert_succeeded
 
 
 def seed(days: int, rows: int, now: datetime) -> int:
@@ -41,17 +42,9 @@ def seed(days: int, rows: int, now: datetime) -> int:
         for d in range(days, -1, -1):
             start = today - timedelta(days=d)
             n = rows if d else int(rows * (now - today) / timedelta(days=1))
-            cur.execute(
-                "INSERT INTO django_app_occurrence (id, schedule_id, schedule_version, "
-                "tenant_id, scheduled_for, available_at, state, manual, overlap_policy, "
-                "attempt_count, fencing_token, lease_owner, created_at, enqueued_at, "
-                "finished_at, last_error, reason) "
-                "SELECT gen_random_uuid(), %(s)s, 1, %(t)s, x.t, x.t, 'SUCCEEDED', false, '', "
-                "1, 1, '', x.t, x.t + interval '1 s', x.t, '', '' "
-                "FROM generate_series(0, %(n)s - 1) g, "
-                "LATERAL (SELECT %(start)s::timestamptz + g * %(step)s * interval '1 s' AS t) x",
-                {"s": schedule.pk, "t": tenant.pk, "n": n, "start": start,
-                 "step": 86_400 / rows},
+            insert_succeeded(
+                cur, schedule.pk, tenant.pk, start=start, n=n, step=86_400 / rows,
+                sent_after=1.0,
             )  # fmt: skip
             total += n
             print(f"  {start:%Y-%m-%d}: {n:,} occurrences", flush=True)
