@@ -37,6 +37,13 @@ def state_of(occ: Any) -> str:
     return Occurrence.objects.get(pk=occ.pk).state
 
 
+def two_in_one_group(tenant: Any, clock: FrozenClock) -> tuple[Any, Any]:
+    """Occurrences of two schedules sharing the group "invoices", capped at 1."""
+    a = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
+    b = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
+    return make_occurrence(a, clock.now()), make_occurrence(b, clock.now())
+
+
 def test_claim_starts_an_attempt_and_a_duplicate_delivery_does_not(
     tenant: Any, clock: FrozenClock
 ) -> None:
@@ -292,9 +299,7 @@ def test_allow_runs_overlapping_occurrences(tenant: Any, clock: FrozenClock) -> 
 def test_concurrency_cap_shared_by_a_group_and_released_only_by_the_holder(
     tenant: Any, clock: FrozenClock
 ) -> None:
-    a = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
-    b = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
-    occ_a, occ_b = make_occurrence(a, clock.now()), make_occurrence(b, clock.now())
+    occ_a, occ_b = two_in_one_group(tenant, clock)
     held = claim_as(occ_a, clock)
     assert held.slot is not None
     assert held.slot.key == "invoices"
@@ -324,9 +329,7 @@ def test_a_lapsed_lease_is_not_renewed_once_its_slot_was_taken(
     # A worker stalled between its claim and its body (or between two heartbeats) past its
     # lease: another run took the cap's only slot. Renewing the occurrence's lease then
     # would let the stalled body start, or its fenced commit land, beside the new holder.
-    a = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
-    b = make_schedule(tenant, concurrency_limit=1, concurrency_group="invoices")
-    occ_a, occ_b = make_occurrence(a, clock.now()), make_occurrence(b, clock.now())
+    occ_a, occ_b = two_in_one_group(tenant, clock)
     stalled = claim_as(occ_a, clock)
     assert stalled.fencing_token is not None
     clock.advance(LEASE + timedelta(seconds=1))
