@@ -66,6 +66,8 @@ class LostMessage:
     occurrence_id: uuid.UUID
     sent_at: datetime
     tenant: str
+    #: The occurrence's time, the history's partition key: the re-open reads one slot.
+    scheduled_for: datetime
 
 
 def configured_timeout(settings: conf.SchedulerSettings) -> timedelta | None:
@@ -87,8 +89,10 @@ def find_lost(
 
     Walks the ENQUEUED occurrences scheduled before the cutoff (a publish never precedes
     its ``scheduled_for``) through the ``(state, scheduled_for)`` index in keyset chunks,
-    oldest first, and looks up their outbox rows by occurrence id: the cost follows the
-    old backlog, never the history (a single join let the planner scan the whole outbox).
+    oldest first, and looks up their outbox rows by occurrence id within the chunk's span
+    of times (the partition key: the slots the chunk falls in, not every slot's index):
+    the cost follows the old backlog, never the history (a single join let the planner
+    scan the whole outbox).
     """
     cutoff = now - timeout
     found: list[LostMessage] = []
@@ -104,12 +108,17 @@ def find_lost(
             break
         after = keys[-1]
         rows = OutboxEntry.objects.filter(
-            occurrence_id__in=[pk for _, pk in keys], sent_at__lt=cutoff
-        ).values_list("id", "occurrence_id", "sent_at", "tenant__slug", "publish_count")
+            occurrence_id__in=[pk for _, pk in keys],
+            scheduled_for__gte=keys[0][0],
+            scheduled_for__lte=after[0],
+            sent_at__lt=cutoff,
+        ).values_list(
+            "id", "occurrence_id", "sent_at", "tenant__slug", "publish_count", "scheduled_for"
+        )
         # sent_at is never NULL here (filtered on), which the row type does not know.
         found += [
-            LostMessage(pk, occ, sent_at, tenant)
-            for pk, occ, sent_at, tenant, published in rows
+            LostMessage(pk, occ, sent_at, tenant, scheduled_for)
+            for pk, occ, sent_at, tenant, published, scheduled_for in rows
             if sent_at is not None and sent_at < now - lost_after(timeout, published)
         ]
         if len(keys) < chunk:
@@ -129,7 +138,9 @@ def reopen(lost: list[LostMessage], now: datetime) -> list[LostMessage]:
     skip_locked = connection.features.has_select_for_update_skip_locked
     with transaction.atomic():
         still = Occurrence.objects.filter(
-            pk__in=[m.occurrence_id for m in lost], state=S.ENQUEUED.value
+            pk__in=[m.occurrence_id for m in lost],
+            scheduled_for__range=_span(lost),
+            state=S.ENQUEUED.value,
         )
         if skip_locked:  # a worker claiming one right now holds its lock: leave it be
             still = still.select_for_update(skip_locked=True)
@@ -140,15 +151,25 @@ def reopen(lost: list[LostMessage], now: datetime) -> list[LostMessage]:
         # Each row only as it was read: the condition is on the locked row itself, so a
         # concurrent re-open (or a re-send) that committed first makes it match nothing.
         as_read = functools.reduce(
-            operator.or_, (Q(pk=m.outbox_id, sent_at=m.sent_at) for m in candidates)
+            operator.or_,
+            (
+                Q(pk=m.outbox_id, scheduled_for=m.scheduled_for, sent_at=m.sent_at)
+                for m in candidates
+            ),
         )
         mine = set(
             OutboxEntry.objects.select_for_update().filter(as_read).values_list("pk", flat=True)
         )
-        OutboxEntry.objects.filter(pk__in=mine).update(
+        OutboxEntry.objects.filter(pk__in=mine, scheduled_for__range=_span(candidates)).update(
             sent_at=None, available_at=now, claimed_by="", claim_expires_at=None
         )
     return [m for m in candidates if m.outbox_id in mine]
+
+
+def _span(messages: list[LostMessage]) -> tuple[datetime, datetime]:
+    """The messages' earliest and latest time: the history slots their rows are in."""
+    times = [m.scheduled_for for m in messages]
+    return min(times), max(times)
 
 
 def redeliver_lost(

@@ -261,3 +261,30 @@ def test_concurrent_passes_reopen_each_lost_message_once(clock: FrozenClock) -> 
     assert sum(results) == 20, results
     relay_due(clock=clock, publisher=publisher)
     assert set(OutboxEntry.objects.values_list("publish_count", flat=True)) == {2}
+
+
+@pytest.mark.postgres
+def test_the_pass_reads_the_outbox_only_in_the_slots_of_its_rows(clock: FrozenClock) -> None:
+    """Each lookup of a lost row names its time: on the partitioned history it reads the
+    slots its rows fall in, not every slot's index (the pass runs every 30 s on every
+    beat). Before, the outbox was looked up by occurrence id alone."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_app.db import partitions
+
+    partitions.ensure(clock.now(), width=timedelta(days=1), ahead=1, behind=3, wait=True)
+    table = OutboxEntry._meta.db_table
+    past = {p.name for p in partitions.partitions(table) if p.end and p.end < clock.now()}
+    assert len(past) >= 3
+    published_once(clock, RecordingPublisher())
+    clock.advance(TIMEOUT + 1)
+    with CaptureQueriesContext(connection) as captured:
+        assert redelivery.redeliver_lost(clock=clock) == 1
+    statements = [q["sql"] for q in captured.captured_queries if f'"{table}"' in q["sql"]]
+    assert len(statements) >= 3  # the lookup, the re-open's lock and its update
+    with connection.cursor() as cur:
+        for sql in statements:
+            cur.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cur.fetchall())
+            assert not [name for name in past if name in plan], (sql, plan)
