@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import ScheduleState
@@ -225,6 +225,11 @@ def transition(
     if stale is not None:
         raise stale()
     return False
+
+
+#: An attempt's or outbox row's join to its occurrence on the whole key, not the id alone:
+#: on the partitioned history an id alone is looked up in every slot's index.
+SAME_SLOT = Q(scheduled_for=F("occurrence__scheduled_for"))
 
 
 def by_key(rows: KeyedRows, scheduled_for: datetime | None) -> KeyedRows:

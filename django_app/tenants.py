@@ -18,6 +18,7 @@ from django.db.models import Count
 from celery_scheduler import errors
 from celery_scheduler.api_types import TenantInfo, TenantUsage
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
+from django_app.querysets import SAME_SLOT
 from django_app.schedules import validation
 
 QUOTA_FIELDS = ("max_schedules", "max_trigger_rate", "max_running", "catchup_rate")
@@ -116,6 +117,8 @@ def list_tenants(*, now: datetime) -> list[TenantUsage]:
     published = _grouped(OutboxEntry.objects.published_since(now - PUBLISHED_WINDOW, now))
     backlog = _grouped(
         OutboxEntry.objects.unsent().filter(
+            SAME_SLOT,
+            scheduled_for__lt=now,
             occurrence__manual=False,
             occurrence__schedule__misfire_policy="CATCH_UP",
             occurrence__scheduled_for__lt=now,

@@ -18,6 +18,7 @@ from django.db.models.functions import Coalesce
 
 from celery_scheduler.core.enums import AttemptOutcome, OccurrenceState
 from django_app.models import Attempt, Occurrence
+from django_app.querysets import SAME_SLOT
 
 #: States in which an occurrence has run its course (CANCELED was invalidated, not run).
 FINISHED = (
@@ -75,7 +76,9 @@ def summarize(schedules: Iterable[Any]) -> dict[Any, RowSummary]:
         ):
             last_rows[occurrence.schedule_id] = occurrence
     failures = dict(
-        Attempt.objects.filter(occurrence__schedule_id__in=ids, outcome__in=FAILED_ATTEMPTS)
+        Attempt.objects.filter(
+            SAME_SLOT, occurrence__schedule_id__in=ids, outcome__in=FAILED_ATTEMPTS
+        )
         .values("occurrence__schedule_id")
         .annotate(at=Max("finished_at"))
         .values_list("occurrence__schedule_id", "at")

@@ -41,6 +41,7 @@ from celery_scheduler.core.enums import AttemptOutcome, ScheduleState
 from celery_scheduler.core.enums import OccurrenceState as S
 from django_app.materialize.per_schedule import trigger_for
 from django_app.models import Attempt, Occurrence, Schedule, ScheduleTag, ScheduleVersion, Tenant
+from django_app.querysets import SAME_SLOT
 from django_app.schedules import validation
 
 MAX_NEXT = 100
@@ -203,6 +204,7 @@ def counters(schedule: Schedule) -> ScheduleCounters:
     skipped = occurrences.filter(state=S.CANCELED.value, reason__startswith=SKIP_REASON).count()
     runs = occurrences.filter(started_at__isnull=False).count()
     failures = Attempt.objects.filter(
+        SAME_SLOT,
         occurrence__schedule=schedule,
         outcome__in=[AttemptOutcome.FAILED, AttemptOutcome.RETRY, AttemptOutcome.LOST],
     ).count()
