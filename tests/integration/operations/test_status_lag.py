@@ -3,7 +3,7 @@ on PostgreSQL that it reads only the history slots of its window.
 
 It read "occurrences enqueued in the last N minutes": ``enqueued_at`` is not the history's
 partition key and no index holds it, so every call read every occurrence the retention
-window keeps (4 M rows: 280 ms; bench/README.md, "scheduler_status against the history").
+window keeps (5 M rows: 327 ms; bench/README.md, "Operators' reads against the history").
 """
 
 from __future__ import annotations
