@@ -24,14 +24,12 @@ minutes and sent), for comparison the window the status read before (occurrences
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.create_rate import migrated_database
-from bench.seed_scale import insert_succeeded
+from bench.seed_scale import insert_succeeded, median_ms
 
 BACKLOG = timedelta(minutes=10)
 
@@ -103,16 +101,6 @@ def seed(days: int, rows: int, busy: int, now: datetime) -> list[Any]:
     return schedules
 
 
-def median_ms(call: Callable[[], Any]) -> tuple[float, Any]:
-    result = call()
-    times = []
-    for _ in range(5):
-        began = time.perf_counter()
-        result = call()
-        times.append((time.perf_counter() - began) * 1000)
-    return statistics.median(times), result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=4)
@@ -148,7 +136,8 @@ def main() -> None:
         "tenants.list_tenants()": lambda: tenants.list_tenants(now=now),
     }
     for label, call in figures.items():
-        ms, result = median_ms(call)
+        result = call()
+        ms = median_ms(call, 5)
         size = f", {len(result)} rows" if isinstance(result, list | dict) else ""
         print(f"{label}: {ms:.1f} ms{size}", flush=True)
     usage = {u.tenant.slug: u for u in tenants.list_tenants(now=now)}["history"]

@@ -170,7 +170,7 @@ def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     return {"days": len(range(days - part, 0, -parts)), "seconds": round(took, 1)}
 
 
-def _timed(fn: Any, repeat: int) -> float:
+def median_ms(fn: Any, repeat: int) -> float:
     """Median milliseconds of ``repeat`` calls after one warm-up call."""
     fn()
     times = []
@@ -202,9 +202,9 @@ def _admin_lists() -> dict[str, float]:
     schedules = reverse("admin:django_app_schedule_changelist")
     occurrences = reverse("admin:django_app_occurrence_changelist")
     return {
-        "admin_schedule_list_ms": _timed(get(schedules), 3),
-        "admin_schedule_search_ms": _timed(get(f"{schedules}?q=daily-417"), 3),
-        "admin_occurrence_list_ms": _timed(get(occurrences), 3),
+        "admin_schedule_list_ms": median_ms(get(schedules), 3),
+        "admin_schedule_search_ms": median_ms(get(f"{schedules}?q=daily-417"), 3),
+        "admin_occurrence_list_ms": median_ms(get(occurrences), 3),
     }
 
 
@@ -272,9 +272,9 @@ def _measure() -> dict[str, Any]:
     )
     picks = iter(ids * 2)
     return {
-        "describe_ms": _timed(lambda: api.describe_schedule(next(picks)[0]), 19),
-        "list_ms": _timed(lambda: api.list_schedules(tenant="t3", limit=50), 10),
-        "list_by_task_ms": _timed(lambda: api.list_schedules(task=TASK, limit=50), 10),
+        "describe_ms": median_ms(lambda: api.describe_schedule(next(picks)[0]), 19),
+        "list_ms": median_ms(lambda: api.list_schedules(tenant="t3", limit=50), 10),
+        "list_by_task_ms": median_ms(lambda: api.list_schedules(task=TASK, limit=50), 10),
         **_admin_lists(),
         **_poll_ms(),
         "sizes": _sizes(),
