@@ -17,12 +17,15 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from celery_scheduler import api, metrics
 from celery_scheduler.beat import DatabaseScheduler
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.publishers import RecordingPublisher
+from django_app.db import partitions
 from django_app.models import Attempt, Occurrence, OutboxEntry
 from django_app.relay import redelivery
 from django_app.relay.batch import relay_due
@@ -268,11 +271,6 @@ def test_the_pass_reads_the_outbox_only_in_the_slots_of_its_rows(clock: FrozenCl
     """Each lookup of a lost row names its time: on the partitioned history it reads the
     slots its rows fall in, not every slot's index (the pass runs every 30 s on every
     beat). Before, the outbox was looked up by occurrence id alone."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from django_app.db import partitions
-
     partitions.ensure(clock.now(), width=timedelta(days=1), ahead=1, behind=3, wait=True)
     table = OutboxEntry._meta.db_table
     past = {p.name for p in partitions.partitions(table) if p.end and p.end < clock.now()}
