@@ -36,6 +36,7 @@ KNOWN_POINTS = frozenset(
         "relay.after_publish",
         "relay.before_mark",
         "worker.after_effect",
+        "partitions.after_detach",
     }
 )
 

@@ -15,12 +15,13 @@ have the same slots, so one day's occurrences, attempts and outbox rows go toget
   ``partitions_ahead`` later. One transaction-scoped advisory lock serialises the
   beats: a beat that does not get it skips the round (another one is doing it).
 - **Retention drops whole slots** (:func:`drop_old`): a slot entirely older than the cutoff
-  goes with ``DETACH PARTITION`` + ``DROP TABLE``, in one transaction, after checking
-  that nothing in it may still run or be replayed; see :func:`drop_old` for what blocks a
-  drop and what ``move``/``force`` do. PostgreSQL refuses ``DETACH ... CONCURRENTLY`` on a
-  table with a default partition, so the detach takes its ACCESS EXCLUSIVE lock on the
-  parent for a catalog change only (no scan), bounded by ``lock_timeout``; a round that
-  cannot get it gives up and the next one tries again.
+  goes with ``DETACH PARTITION``, then ``TRUNCATE`` and ``DROP TABLE`` after the detach
+  commits, once nothing in it may still run or be replayed; see :func:`drop_old` for what
+  blocks a drop and what ``move``/``force`` do. PostgreSQL refuses ``DETACH ...
+  CONCURRENTLY`` on a table with a default partition, so the detach takes its ACCESS
+  EXCLUSIVE lock on the parents for a catalog change only (the slot is checked, counted
+  and bookkept before, under a SHARE lock on the slot alone), bounded by ``lock_timeout``;
+  a round that cannot get it gives up and the next one tries again.
 - Uniqueness: PostgreSQL requires the partition key in every unique key, so the primary
   keys are ``(id, scheduled_for)`` and ``(occurrence_id, scheduled_for)`` is the outbox's
   one-row-per-occurrence key. Nothing weakens: an occurrence id is a hash of its schedule,
@@ -46,6 +47,7 @@ from django.db import DatabaseError, OperationalError, connection, transaction
 
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.states import PRUNABLE_STATES
+from celery_scheduler.faults import fault_point
 from django_app.db import queries as sql
 from django_app.db.queries import KEY  # the partitioned tables' key: the occurrence's time
 from django_app.db.retry import PG_LOCK_NOT_AVAILABLE
@@ -269,7 +271,8 @@ def _lock_parents(budget_ms: int) -> None:
     every statement that touches these tables either finished before or is planned after
     this transaction commits: it sees the moved rows where they now are, never a row
     "deleted" from under its lock by the move. Catalog work only is done under it, plus the
-    move of the few rows a default partition held.
+    move of the few rows a default partition held (or, for a dropped slot, of its blocking
+    rows): it stops the whole run path while it is held.
 
     The run path has no one order over the three tables (a relay reads the outbox, then
     the occurrence; a claim writes the occurrence, then the attempt), so a transaction that
@@ -280,6 +283,12 @@ def _lock_parents(budget_ms: int) -> None:
     go on, a short pause apart, until ``budget_ms`` has passed, and then the error is the
     caller's (a beat's round skips and the next one tries again).
     """
+    _lock(sql.lock_exclusive(*tables()), budget_ms)
+
+
+def _lock(statement: str, budget_ms: int) -> None:
+    """Run the LOCK ``statement`` in tries shorter than ``deadlock_timeout`` until
+    ``budget_ms`` has passed (:func:`_lock_parents` says why)."""
     deadline = time.monotonic() + budget_ms / 1000
     with connection.cursor() as cur:
         cur.execute(sql.DEADLOCK_TIMEOUT_MS)
@@ -289,7 +298,7 @@ def _lock_parents(budget_ms: int) -> None:
             try:
                 with transaction.atomic():
                     cur.execute(sql.lock_timeout(per_try_ms))
-                    cur.execute(sql.lock_exclusive(*tables()))
+                    cur.execute(statement)
             except OperationalError as exc:
                 if getattr(exc.__cause__, "sqlstate", None) != PG_LOCK_NOT_AVAILABLE:
                     raise
@@ -383,12 +392,63 @@ class DropReport:
         }
 
 
-def _blocking_sql(occ: str, out: str, include_dead: bool) -> str:
-    """Rows of one occurrence partition that retention must not delete (the rules of
-    django_app.operations.retention; :func:`django_app.db.queries.blocking_rows`): DEAD
-    ones too unless ``include_dead``."""
-    states = (*PRUNABLE_STATES, S.DEAD.value) if include_dead else PRUNABLE_STATES
-    return sql.blocking_rows(occ, out, tuple(states))
+def blocking(
+    occ: str, out: str, span: tuple[datetime, datetime], include_dead: bool
+) -> dict[Any, str]:
+    """The rows of the occurrence partition ``occ`` that retention must not delete (the
+    rules of django_app.operations.retention), as ``{occurrence id: why}``: unfinished
+    work, DEAD rows unless ``include_dead``, unsent outbox rows (in ``out``, ``span``'s),
+    and skip markers ahead of their cursor. A row that blocks for several reasons names
+    the first of these. Three index-served probes (:func:`django_app.db.queries.
+    blocking_probes`): their cost is the blocking rows', not the slot's."""
+    terminal = {*PRUNABLE_STATES, *((S.DEAD,) if include_dead else ())}
+    waiting = tuple(s.value for s in S if s not in terminal)
+    found: dict[Any, str] = {}
+    with connection.cursor() as cur:
+        for probe in sql.blocking_probes(occ, out, waiting).values():
+            cur.execute(probe, {"start": span[0], "end": span[1]})
+            for occurrence, why in cur.fetchall():
+                found.setdefault(occurrence, why)
+    return found
+
+
+def drop_detached(lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> list[str]:
+    """Drop the slots a retention round detached and did not get to drop (its process died
+    in between, or the drop's lock was not granted in time): tables named as a slot of the
+    partitioned tables that are no partition."""
+    pattern = "^(" + "|".join(re.escape(t) for t in tables()) + ")_p[0-9]{8}([0-9]{2})?$"
+    with connection.cursor() as cur:
+        cur.execute(sql.DETACHED_TABLES, {"pattern": pattern})
+        names = [name for (name,) in cur.fetchall()]
+    if names:
+        _discard(names, lock_timeout_ms)
+        logger.info("detached partitions dropped: %s", ", ".join(names))
+    return names
+
+
+def _discard(detached: list[str], lock_timeout_ms: int) -> None:
+    """Empty, then drop, tables a committed transaction detached, each step committed on its
+    own (or, inside a caller's transaction, in savepoints).
+
+    Not in the detaching transaction: the commit that removes a table unlinks its files,
+    which for a day of rows takes a while (bench/README.md, "Retiring a day"), and the
+    parents' lock must not be held through it. Nor by a DROP at once: the occurrence slot
+    keeps the foreign keys it inherited, so dropping it takes ACCESS EXCLUSIVE on the
+    schedule and tenant tables until its commit. TRUNCATE takes no lock beyond the table's
+    and does the unlinking; the DROP after it removes empty files. A drop not granted its
+    locks in ``lock_timeout_ms`` is left to the next round (:func:`drop_detached`): no
+    reader sees a detached table in the meantime.
+    """
+    for statement in (sql.truncate(*detached), *(sql.drop_table(t) for t in detached)):
+        try:
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(sql.lock_timeout(lock_timeout_ms))
+                cur.execute(statement)
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != PG_LOCK_NOT_AVAILABLE:
+                raise
+            logger.warning("detached partitions left for the next round: %s", exc)
+            return
 
 
 def drop_old(
@@ -409,7 +469,7 @@ def drop_old(
     passed in by the caller: this package sits below it): it is called in the detaching
     transaction, before the detach, with exactly the occurrences that go.
 
-    A slot holding rows retention must keep (:func:`_blocking_sql`: unfinished work, DEAD
+    A slot holding rows retention must keep (:func:`blocking`: unfinished work, DEAD
     rows unless ``include_dead``, unsent outbox rows, skip markers ahead of a cursor) is
     **refused**: left in place and reported with its blocking rows, and the older and newer
     slots are still considered. ``move``: those rows (with their attempts and outbox row)
@@ -424,6 +484,8 @@ def drop_old(
     report = DropReport(cutoff=cutoff, dry_run=dry_run)
     if not is_partitioned():
         return report
+    if not dry_run:
+        drop_detached(lock_timeout_ms)
     occ_t, att_t, out_t = tables()
     with _maintenance(lock_timeout_ms, wait=wait) as got:
         if not got:
@@ -477,30 +539,30 @@ def _drop_slot(
     occ_p = names[occ_t]
     assert occ_p is not None
     out_p = names[out_t] or out_t
+    parts = [part for part in names.values() if part]
     with _maintenance(lock_timeout_ms, wait=wait) as got:
         if not got:
             report.locked = False
             return
-        with connection.cursor() as cur:
-            for locked in (False, True):
-                if locked:
-                    # Writers of these rows (a worker finishing, a relay marking, a backfill
-                    # into the past) finish first; new ones wait for the commit, then find
-                    # the rows where they now live. Read again under the lock.
-                    _lock_parents(lock_timeout_ms)
-                cur.execute(_blocking_sql(occ_p, out_p, include_dead))
-                blocking = cur.fetchall()
+        for frozen in (False, True):
+            if frozen:
+                # SHARE on the slot's own partitions: its writers (a worker finishing an old
+                # run, a relay marking, a backfill into the past) finish first and new ones
+                # wait, so the rows read from here on are the rows that go. Writers of
+                # other slots, and every reader, go on while the slot is counted and
+                # retention's bookkeeping reads it.
+                _lock(sql.lock_share(*parts), lock_timeout_ms)
+            kept = blocking(occ_p, out_p, span, include_dead)
+            if kept and not (move or force):
                 counts: dict[str, int] = {}
-                for _, why in blocking:
+                for why in kept.values():
                     counts[why] = counts.get(why, 0) + 1
-                if blocking and not (move or force):
-                    report.refused[occ_p] = {
-                        "blocking": counts,
-                        "occurrence_ids": sorted(str(i) for i, _ in blocking)[:10],
-                    }
-                    return
-                if dry_run:
-                    break
+                ids = sorted(str(i) for i in kept)[:10]
+                report.refused[occ_p] = {"blocking": counts, "occurrence_ids": ids}
+                return
+            if dry_run:
+                break
+        with connection.cursor() as cur:
             sizes = {}
             for table, part in names.items():
                 if part:
@@ -511,12 +573,15 @@ def _drop_slot(
                 for t, n in sizes.items():
                     report.rows[t] = report.rows.get(t, 0) + n
                 return
-            kept_ids = [i for i, _ in blocking] if move else []
+            kept_ids = list(kept) if move else []
             on_prune(
                 Occurrence.objects.filter(
                     scheduled_for__gte=span[0], scheduled_for__lt=span[1]
                 ).exclude(id__in=kept_ids)
             )
+            # Writers and readers of every slot wait from here to the commit: catalog work,
+            # and the copy of the few kept rows with ``move``.
+            _lock_parents(lock_timeout_ms)
             for table, part in names.items():
                 if part:
                     cur.execute(sql.detach_partition(table, part))
@@ -529,14 +594,13 @@ def _drop_slot(
                         sql.copy_rows(table, part, columns(table), where=ref), {"ids": kept_ids}
                     )
                 report.moved += len(kept_ids)
-            elif blocking:
-                report.forced += len(blocking)
-            for part in names.values():
-                if part:
-                    cur.execute(sql.drop_table(part))
-            report.dropped.append(occ_p)
-            for t, n in sizes.items():
-                report.rows[t] = report.rows.get(t, 0) + n
+            elif kept:
+                report.forced += len(kept)
+    fault_point("partitions.after_detach")
+    _discard(parts, lock_timeout_ms)
+    report.dropped.append(occ_p)
+    for t, n in sizes.items():
+        report.rows[t] = report.rows.get(t, 0) + n
     logger.info("partition slot %s dropped (%s)", occ_p, sizes)
 
 

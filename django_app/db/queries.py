@@ -259,6 +259,17 @@ def route_back(target: str, hold: str, columns: list[str]) -> str:
     return f"{copy_rows(target, hold, columns)}; DROP TABLE {q(hold)}"
 
 
+#: Plain tables of the current schema (not partitions) whose name matches ``%(pattern)s``.
+DETACHED_TABLES = (
+    "SELECT relname FROM pg_class WHERE relkind = 'r' AND NOT relispartition "
+    "AND relnamespace = current_schema()::regnamespace AND relname ~ %(pattern)s"
+)
+
+
+def truncate(*tables: str) -> str:
+    return f"TRUNCATE {', '.join(q(t) for t in tables)}"
+
+
 def drop_table(table: str, *, cascade: bool = False) -> str:
     return f"DROP TABLE {q(table)}" + (" CASCADE" if cascade else "")
 
@@ -373,22 +384,31 @@ def drop_identity(table: str, column: str) -> str:
     return f"ALTER TABLE {q(table)} ALTER COLUMN {q(column)} DROP IDENTITY"
 
 
-def blocking_rows(occurrences: str, outbox: str, terminal: tuple[str, ...]) -> str:
-    """Rows of one occurrence partition that retention must not delete, with why: not in
-    a ``terminal`` state, an unsent outbox row (in ``outbox``), or a time the schedule's
-    live version has not passed yet (a skip marker: deleting it would let the time run)."""
-    states = ", ".join(f"'{s}'" for s in terminal)
-    out, cursor = q(outbox), q(ScheduleCursor._meta.db_table)
-    return f"""
-        SELECT o.id, CASE
-            WHEN o.state NOT IN ({states}) THEN o.state
-            WHEN EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id
-                         AND b.sent_at IS NULL) THEN 'UNSENT_OUTBOX'
-            ELSE 'AHEAD_OF_CURSOR' END
-        FROM {q(occurrences)} o
-        WHERE o.state NOT IN ({states})
-           OR EXISTS (SELECT 1 FROM {out} b WHERE b.occurrence_id = o.id AND b.sent_at IS NULL)
-           OR (NOT o.manual AND EXISTS (SELECT 1 FROM {cursor} c WHERE c.schedule_id = o.schedule_id
-               AND c.version = o.schedule_version AND c.next_run_at IS NOT NULL
-               AND c.next_run_at <= o.scheduled_for))
-    """
+def blocking_probes(occurrences: str, outbox: str, waiting: tuple[str, ...]) -> dict[str, str]:
+    """The rows of one occurrence partition that retention must not delete, as three
+    statements each served by an index (an expired slot holds a day of rows, of which a
+    handful block): ``(id, why)`` of the rows in a ``waiting`` state (why: the state),
+    with an unsent outbox row in ``outbox`` (``UNSENT_OUTBOX``; bounded to the slot's
+    ``%(start)s``/``%(end)s``), and at a time the schedule's live version has not passed
+    yet (``AHEAD_OF_CURSOR``, a skip marker: deleting it would let the time run). The
+    state probe reads the partial index by state (no SUCCEEDED entries), the outbox probe
+    the due index (unsent rows only), the cursor probe the cursors behind the slot's end
+    and then each one's rows by schedule and time."""
+    states = ", ".join(f"'{s}'" for s in waiting)
+    occ, out, cursor = q(occurrences), q(outbox), q(ScheduleCursor._meta.db_table)
+    return {
+        "state": f"SELECT id, state FROM {occ} WHERE state IN ({states})",
+        "outbox": f"""
+            SELECT occurrence_id, 'UNSENT_OUTBOX' FROM {out}
+            WHERE sent_at IS NULL AND {KEY} >= %(start)s AND {KEY} < %(end)s""",
+        "cursor": f"""
+            SELECT o.id, 'AHEAD_OF_CURSOR' FROM {cursor} c
+            JOIN {occ} o ON o.schedule_id = c.schedule_id
+                AND o.schedule_version = c.version AND o.scheduled_for >= c.next_run_at
+            WHERE c.next_run_at < %(end)s AND NOT o.manual""",
+    }
+
+
+def lock_share(*tables: str) -> str:
+    """SHARE on ``tables``: their writers wait until the transaction ends, readers do not."""
+    return f"LOCK TABLE {', '.join(q(t) for t in tables)} IN SHARE MODE"

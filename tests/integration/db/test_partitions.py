@@ -333,6 +333,99 @@ def test_dry_run_drops_nothing(tenant: Any) -> None:
     assert f"{occ}_p20250110" in slot_names(occ)
 
 
+@pytest.mark.django_db
+def test_the_blocking_probes_read_indexes_not_the_slot(tenant: Any) -> None:
+    """An expired slot holds a day of rows and a handful that block: each probe must have
+    an index path (with sequential scans priced out, no plan falls back to one). Seen
+    failing with the one statement of ORed subqueries this replaced: a scan of the slot."""
+    occ, _, out = partitions.tables()
+    old_slot(tenant, S.DEAD)
+    slot = f"{occ}_p20250110"
+    span = {"start": OLD.replace(hour=0), "end": OLD.replace(hour=0) + DAY}
+    waiting = ("SCHEDULED", "ENQUEUED", "RUNNING", "RETRY_WAIT", "DEAD")
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        for why, probe in partitions.sql.blocking_probes(slot, f"{out}_p20250110", waiting).items():
+            cur.execute("EXPLAIN " + probe, span)
+            plan = "\n".join(r[0] for r in cur.fetchall())
+            assert "Seq Scan" not in plan, (why, plan)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retirement_reads_the_slot_while_the_other_slots_run_on(tenant: Any) -> None:
+    """Counting the slot and retention's bookkeeping read a whole day of rows: the run
+    path's writers of the other slots must not wait for them (only the detach and drop
+    hold the parents), and the expired slot's own writers must (what is read is what
+    goes). Seen failing when they ran under the parents' ACCESS EXCLUSIVE lock."""
+    occ = partitions.tables()[0]
+    s, done, _ = old_slot(tenant)
+    live_at = LATER - 2 * DAY
+    partitions.ensure(live_at, width=DAY, ahead=0, wait=True)
+    live = add(s, live_at, S.RUNNING)
+    seen: dict[str, str] = {}
+
+    def write(probe: psycopg.Connection[Any], row: Occurrence) -> str:
+        try:
+            with probe.transaction():
+                probe.execute("SET LOCAL lock_timeout = '300ms'")
+                probe.execute(
+                    f"UPDATE {occ} SET reason = 'probe' WHERE id = %s AND scheduled_for = %s",
+                    [row.id, row.scheduled_for],
+                )
+        except psycopg.errors.LockNotAvailable:
+            return "waited"
+        return "written"
+
+    def bookkeeping(rows: Any) -> None:
+        record_pruned(rows)
+        with psycopg.connect(database_url(), autocommit=True) as probe:
+            seen["other slot"] = write(probe, live)
+            seen["expired slot"] = write(probe, done[0])
+
+    report = partitions.drop_old(LATER, 7 * DAY, on_prune=bookkeeping, wait=True)
+    assert report.dropped == [f"{occ}_p20250110"]
+    assert seen == {"other slot": "written", "expired slot": "waited"}
+    assert Occurrence.objects.get(id=live.id).reason == "probe"
+    assert counts([o.id for o in done]) == (0, 0, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_killed_after_the_detach_leaves_tables_that_the_next_round_drops(
+    tenant: Any,
+) -> None:
+    """The slot's tables are dropped after the detach commits (the drop's commit unlinks a
+    day of files; the parents' lock is not held through it). SIGKILL in between: no reader
+    sees the slot's rows, the bookkeeping committed with the detach, and the next round
+    drops the tables left behind."""
+    s, done, _ = old_slot(tenant)
+    env = {**child_env(), "CELERY_SCHEDULER_FAULT": "partitions.after_detach"}
+    killed = subprocess.run(
+        [sys.executable, "-c", "import django\ndjango.setup()\n"
+         "from datetime import datetime, timedelta\n"
+         "from django_app.db import partitions\n"
+         "from django_app.operations.retention import record_pruned\n"
+         f"partitions.drop_old(datetime.fromisoformat({LATER.isoformat()!r}), "
+         "timedelta(days=7), on_prune=record_pruned, wait=True)\n"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    slot = [f"{table}_p20250110" for table in partitions.tables()]
+
+    def left() -> list[str]:
+        with connection.cursor() as cur:
+            cur.execute("SELECT relname FROM pg_class WHERE relname = ANY(%s)", [slot])
+            return sorted(r[0] for r in cur.fetchall())
+
+    assert left() == sorted(slot)
+    assert not any(
+        name in slot_names(table) for table, name in zip(partitions.tables(), slot, strict=True)
+    )
+    assert counts([o.id for o in done]) == (0, 0, 0)
+    assert PrunedHistory.objects.filter(schedule_id=s.pk).exists()
+    assert partitions.drop_old(LATER, 7 * DAY, on_prune=record_pruned, wait=True).dropped == []
+    assert left() == []
+
+
 # -- a race across midnight, real processes ---------------------------------------------
 
 
