@@ -125,6 +125,29 @@ def insert_succeeded(
     )  # fmt: skip
 
 
+def seed_day(cur: Any, schedule_id: Any, tenant_id: int, *, day: datetime, n: int) -> None:
+    """``n`` SUCCEEDED occurrences of one schedule spread over the day from ``day``, each
+    with its attempt and its sent outbox row: history by SQL, not the measured path."""
+    insert_succeeded(cur, schedule_id, tenant_id, start=day, n=n, step=86_400 / n)
+    span = {"a": day, "b": day + timedelta(days=1), "s": schedule_id}
+    cur.execute(
+        "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
+        "fencing_token, worker, started_at, finished_at, outcome, error) "
+        "SELECT id, scheduled_for, 1, 1, 'history', scheduled_for, scheduled_for, "
+        "'SUCCEEDED', '' FROM django_app_occurrence WHERE schedule_id = %(s)s "
+        "AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
+        span,
+    )
+    cur.execute(
+        "INSERT INTO django_app_outboxentry (occurrence_id, scheduled_for, tenant_id, "
+        "shard, available_at, priority, sent_at, publish_count, claimed_by, "
+        "created_at) SELECT id, scheduled_for, tenant_id, 0, scheduled_for, 0, "
+        "scheduled_for, 1, '', scheduled_for FROM django_app_occurrence "
+        "WHERE schedule_id = %(s)s AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
+        span,
+    )
+
+
 def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     from django.db import connection
 
@@ -143,26 +166,7 @@ def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     with connection.cursor() as cur:
         for d in range(days - part, 0, -parts):  # this process's share of the days
             day = today - timedelta(days=d)
-            insert_succeeded(
-                cur, schedule.pk, tenant.pk, start=day, n=per_day, step=86_400 / per_day
-            )
-            span = {"a": day, "b": day + timedelta(days=1), "s": schedule.pk}
-            cur.execute(
-                "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
-                "fencing_token, worker, started_at, finished_at, outcome, error) "
-                "SELECT id, scheduled_for, 1, 1, 'history', scheduled_for, scheduled_for, "
-                "'SUCCEEDED', '' FROM django_app_occurrence WHERE schedule_id = %(s)s "
-                "AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
-                span,
-            )
-            cur.execute(
-                "INSERT INTO django_app_outboxentry (occurrence_id, scheduled_for, tenant_id, "
-                "shard, available_at, priority, sent_at, publish_count, claimed_by, "
-                "created_at) SELECT id, scheduled_for, tenant_id, 0, scheduled_for, 0, "
-                "scheduled_for, 1, '', scheduled_for FROM django_app_occurrence "
-                "WHERE schedule_id = %(s)s AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
-                span,
-            )
+            seed_day(cur, schedule.pk, tenant.pk, day=day, n=per_day)
             print(f"history: {day:%Y-%m-%d} seeded ({time.monotonic() - started:.0f}s)",
                   flush=True)  # fmt: skip
         cur.execute("ANALYZE django_app_occurrence, django_app_attempt, django_app_outboxentry")
