@@ -12,7 +12,8 @@ measured path), ``--days`` past daily slots plus today's share up to now of:
   the last 10 minutes' not yet sent (a short backlog: the tenants list's catch-up count);
 
 every occurrence SUCCEEDED and sent a second after its time (but that backlog), with its
-attempt (one busy attempt in 100 a FAILED first try) and its outbox row. Then VACUUM
+attempt (one busy occurrence in 100 a retried first try, then a second attempt that
+succeeded) and its outbox row. Then VACUUM
 ANALYZE (what autovacuum would have done), and each read's median of 5 after one warm-up
 call: ``health.status()`` and the lag window it reads (occurrences scheduled in the last 5
 minutes and sent), for comparison the window the status read before (occurrences
@@ -69,13 +70,27 @@ def seed(days: int, rows: int, busy: int, now: datetime) -> list[Any]:
                     sent_after=1.0,
                 )  # fmt: skip
             print(f"  {start:%Y-%m-%d}: occurrences seeded", flush=True)
+        retried = (
+            "schedule_id <> %(filler)s AND "
+            "(extract(epoch FROM scheduled_for)::bigint / 60) %% 100 = 7"
+        )
         cur.execute(
             "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
             "fencing_token, worker, started_at, finished_at, outcome, error) "
             "SELECT id, scheduled_for, 1, 1, 'history', scheduled_for, scheduled_for, "
-            "CASE WHEN schedule_id <> %(filler)s AND "
-            "(extract(epoch FROM scheduled_for)::bigint / 60) %% 100 = 7 "
-            "THEN 'FAILED' ELSE 'SUCCEEDED' END, '' FROM django_app_occurrence",
+            f"CASE WHEN {retried} THEN 'RETRY' ELSE 'SUCCEEDED' END, '' "
+            "FROM django_app_occurrence",
+            {"filler": filler.pk},
+        )
+        cur.execute(
+            "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
+            "fencing_token, worker, started_at, finished_at, outcome, error) "
+            "SELECT id, scheduled_for, 2, 2, 'history', scheduled_for, scheduled_for, "
+            f"'SUCCEEDED', '' FROM django_app_occurrence WHERE {retried}",
+            {"filler": filler.pk},
+        )
+        cur.execute(
+            f"UPDATE django_app_occurrence SET attempt_count = 2 WHERE {retried}",
             {"filler": filler.pk},
         )
         cur.execute(

@@ -523,6 +523,13 @@ class Occurrence(models.Model):
                 condition=Q(enqueued_at__isnull=False),
                 name="occurrence_tenant_enqueued",
             ),
+            # Rows tried more than once (migration 0029): with the rows not SUCCEEDED, the
+            # only ones that can hold a failed attempt; the admin list's last failure.
+            models.Index(
+                fields=["schedule", "scheduled_for"],
+                condition=Q(attempt_count__gt=1),
+                name="occurrence_retried",
+            ),
         ]
 
     def __str__(self) -> str:
