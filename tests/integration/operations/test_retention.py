@@ -328,3 +328,33 @@ def test_a_batch_that_would_orphan_an_unsent_outbox_row_fails_whole(
     assert surviving([sent, unsent]) == {str(sent.id), str(unsent.id)}
     assert OutboxEntry.objects.get(occurrence=unsent).sent_at is None
     assert Attempt.objects.count() == 4
+
+
+@pytest.mark.postgres
+def test_a_batch_reads_the_history_only_in_the_slots_of_its_rows(schedule: Schedule) -> None:
+    """Each statement of a batch names its rows' time: on the partitioned history it reads
+    the slots the batch is in, not every slot's index. Seen failing when the batch's
+    attempts, outbox rows and occurrences were found by id alone."""
+    from django_app.db import partitions
+
+    now = SYSTEM_CLOCK.now()
+    partitions.ensure(ago(41), width=DAY, ahead=0, wait=True)
+    partitions.ensure(now, width=DAY, ahead=1, behind=3, wait=True)
+    old = add(schedule, S.SUCCEEDED, due_days_ago=41, finished_days_ago=40)
+    others = {
+        p.name
+        for table in partitions.tables()
+        for p in partitions.partitions(table)
+        if p.start and p.end and not p.start <= old.scheduled_for < p.end
+    }
+    assert len(others) >= 3 * 5
+    with CaptureQueriesContext(connection) as captured:
+        report = retention.prune(now=now, older_than=30 * DAY, batch_size=10)
+    assert report.occurrences == {S.SUCCEEDED.value: 1}
+    batch = [q["sql"] for q in captured.captured_queries if old.id.hex in q["sql"]]
+    assert len(batch) >= 4  # the bookkeeping, the attempts, the outbox, the occurrences
+    with connection.cursor() as cur:
+        for sql in batch:
+            cur.execute(f"EXPLAIN {sql}")
+            plan = "\n".join(row[0] for row in cur.fetchall())
+            assert not [name for name in others if name in plan], (sql, plan)
