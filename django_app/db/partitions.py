@@ -50,7 +50,7 @@ from celery_scheduler.core.states import PRUNABLE_STATES
 from celery_scheduler.faults import fault_point
 from django_app.db import queries as sql
 from django_app.db.queries import KEY  # the partitioned tables' key: the occurrence's time
-from django_app.db.retry import PG_LOCK_NOT_AVAILABLE
+from django_app.db.retry import PG_LOCK_NOT_AVAILABLE, PG_UNDEFINED_TABLE
 from django_app.models import Attempt, Occurrence, OutboxEntry
 
 if TYPE_CHECKING:
@@ -437,18 +437,23 @@ def _discard(detached: list[str], lock_timeout_ms: int) -> None:
     schedule and tenant tables until its commit. TRUNCATE takes no lock beyond the table's
     and does the unlinking; the DROP after it removes empty files. A drop not granted its
     locks in ``lock_timeout_ms`` is left to the next round (:func:`drop_detached`): no
-    reader sees a detached table in the meantime.
+    reader sees a detached table in the meantime. One table at a time: a table another
+    round (a beat's :func:`drop_detached`) drops first is skipped.
     """
-    for statement in (sql.truncate(*detached), *(sql.drop_table(t) for t in detached)):
-        try:
-            with transaction.atomic(), connection.cursor() as cur:
-                cur.execute(sql.lock_timeout(lock_timeout_ms))
-                cur.execute(statement)
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != PG_LOCK_NOT_AVAILABLE:
-                raise
-            logger.warning("detached partitions left for the next round: %s", exc)
-            return
+    for table in detached:
+        for statement in (sql.truncate(table), sql.drop_table(table)):
+            try:
+                with transaction.atomic(), connection.cursor() as cur:
+                    cur.execute(sql.lock_timeout(lock_timeout_ms))
+                    cur.execute(statement)
+            except DatabaseError as exc:
+                code = getattr(exc.__cause__, "sqlstate", None)
+                if code == PG_UNDEFINED_TABLE:  # another round (a beat's) dropped it first
+                    break
+                if code != PG_LOCK_NOT_AVAILABLE:
+                    raise
+                logger.warning("detached partitions left for the next round: %s", exc)
+                return
 
 
 def drop_old(

@@ -40,6 +40,8 @@ LOCK_TIMEOUT_TRIES = 2
 _MYSQL_DEADLOCK, _MYSQL_LOCK_WAIT_TIMEOUT = 1213, 1205
 #: PostgreSQL SQLSTATEs: a deadlock victim, a lock not granted within ``lock_timeout``.
 PG_DEADLOCK, PG_LOCK_NOT_AVAILABLE = "40P01", "55P03"
+#: A relation dropped (by another process) while this one waited for its lock.
+PG_UNDEFINED_TABLE = "42P01"
 
 
 def lock_conflict_tries(exc: BaseException) -> int:

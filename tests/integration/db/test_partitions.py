@@ -426,6 +426,45 @@ def test_a_round_killed_after_the_detach_leaves_tables_that_the_next_round_drops
     assert left() == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_detached_table_another_round_drops_first_is_skipped() -> None:
+    """Two beats' rounds may both find a detached table (one detached it and is dropping
+    it, the other sweeps): the one that waited for the table's lock finds it gone and goes
+    on. Seen failing with the drop's 'relation does not exist' raised."""
+    orphan = f"{partitions.tables()[0]}_p20250111"
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE {orphan} (id int)")
+    outcome: dict[str, Any] = {}
+
+    def sweep() -> None:
+        try:
+            outcome["dropped"] = partitions.drop_detached(lock_timeout_ms=30_000)
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    with (
+        psycopg.connect(database_url()) as other_round,
+        psycopg.connect(database_url(), autocommit=True) as observer,
+    ):
+        other_round.execute(f"LOCK TABLE {orphan} IN ACCESS EXCLUSIVE MODE")
+        sweeper = threading.Thread(target=sweep)
+        sweeper.start()
+        deadline = time.monotonic() + 30
+        while not observer.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE 'TRUNCATE%%'"
+        ).fetchone():
+            assert time.monotonic() < deadline, "the sweep never waited for the table's lock"
+            time.sleep(0.01)
+        other_round.execute(f"DROP TABLE {orphan}")
+        other_round.commit()
+    sweeper.join(timeout=60)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["dropped"] == [orphan]
+
+
 # -- a race across midnight, real processes ---------------------------------------------
 
 
