@@ -56,6 +56,7 @@ from django_app.schedules.backfill import BACKFILL_VERSION, RAN_STATES
 
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
 _SPAN_CHUNK = 5_000  # schedules per PrunedHistory read (a partition holds many)
+_ROWS_CHUNK = 500_000  # occurrences per chunk of record_pruned (a day of per-second ones)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,27 +297,46 @@ def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
     Their Attempt and OutboxEntry rows and IdempotencyRecord rows need nothing: no decision
     to run reads them once the occurrence is terminal.
     """
-    spans = {
-        row["schedule_id"]: (row["lo"], row["hi"])
-        for row in occurrences.order_by()
+    # Schedule by schedule, streamed in schedule order, a chunk at a time: a day's slot holds
+    # the rows of millions of schedules, and what a chunk holds in memory (its spans and the
+    # times left out) is bounded by _SPAN_CHUNK schedules or _ROWS_CHUNK rows. Chunks go in
+    # schedule order, the order _widen_spans locks in.
+    grouped = (
+        occurrences.order_by("schedule_id")
         .values("schedule_id")
-        .annotate(lo=Min("scheduled_for"), hi=Max("scheduled_for"))
-    }
-    left_out: dict[Any, tuple[list[int], list[int]]] = {sid: ([], []) for sid in spans}
-    kept = occurrences.filter(Q(schedule_version=BACKFILL_VERSION) | Q(state__in=RAN_STATES))
-    for sid, version, at in (
-        kept.order_by().values_list("schedule_id", "schedule_version", "scheduled_for")
-    ).iterator(chunk_size=5000):
-        left_out[sid][version == BACKFILL_VERSION].append(timeset.to_int(at))
-    ordered = sorted(spans)
-    for i in range(0, len(ordered), _SPAN_CHUNK):
-        chunk = ordered[i : i + _SPAN_CHUNK]
-        _widen_spans({sid: spans[sid] for sid in chunk}, {sid: left_out[sid] for sid in chunk})
+        .annotate(lo=Min("scheduled_for"), hi=Max("scheduled_for"), n=Count("id"))
+    )
+    spans: dict[Any, tuple[datetime, datetime]] = {}
+    rows = 0
+    for row in grouped.iterator(chunk_size=_SPAN_CHUNK):
+        spans[row["schedule_id"]] = (row["lo"], row["hi"])
+        rows += row["n"]
+        if len(spans) >= _SPAN_CHUNK or rows >= _ROWS_CHUNK:
+            _record_chunk(occurrences, spans)
+            spans, rows = {}, 0
+    if spans:
+        _record_chunk(occurrences, spans)
     gone = occurrences.filter(id=OuterRef("occurrence_id"))
     ManualRunKey.objects.filter(state="").filter(Exists(gone)).update(
         state=Subquery(gone.values("state")[:1]),
         finished_at=Subquery(gone.values("finished_at")[:1]),
     )
+
+
+def _record_chunk(
+    occurrences: QuerySet[Occurrence], spans: dict[Any, tuple[datetime, datetime]]
+) -> None:
+    """The PrunedHistory of the schedules in ``spans``, from their rows among
+    ``occurrences``."""
+    left_out: dict[Any, tuple[list[int], list[int]]] = {sid: ([], []) for sid in spans}
+    kept = occurrences.filter(schedule_id__in=list(spans)).filter(
+        Q(schedule_version=BACKFILL_VERSION) | Q(state__in=RAN_STATES)
+    )
+    for sid, version, at in (
+        kept.order_by().values_list("schedule_id", "schedule_version", "scheduled_for")
+    ).iterator(chunk_size=5000):
+        left_out[sid][version == BACKFILL_VERSION].append(timeset.to_int(at))
+    _widen_spans(spans, left_out)
 
 
 def _widen_spans(

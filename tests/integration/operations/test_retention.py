@@ -358,3 +358,38 @@ def test_a_batch_reads_the_history_only_in_the_slots_of_its_rows(schedule: Sched
             cur.execute(f"EXPLAIN {sql}")
             plan = "\n".join(row[0] for row in cur.fetchall())
             assert not [name for name in others if name in plan], (sql, plan)
+
+
+def test_the_bookkeeping_of_a_chunk_at_a_time_is_the_bookkeeping_of_all_at_once(
+    tenant: Tenant, monkeypatch: Any
+) -> None:
+    """record_pruned streams the schedules of what goes in chunks (a day's slot holds
+    millions): with chunks of 2 schedules, or of 3 rows, every schedule's PrunedHistory is
+    what one pass over all of them writes."""
+    schedules = [make_schedule(tenant) for _ in range(5)]
+    for k, schedule in enumerate(schedules):
+        for i in range(k + 1):
+            add(schedule, S.SUCCEEDED, due_days_ago=41 + i / 24, finished_days_ago=40)
+        add(schedule, S.MISSED, due_days_ago=40.5, finished_days_ago=40)
+
+    def bookkeeping() -> dict[Any, tuple[Any, ...]]:
+        from django.db import transaction
+
+        from django_app.models import PrunedHistory
+
+        with transaction.atomic():
+            retention.record_pruned(Occurrence.objects.all())
+            rows = {
+                p.schedule_id: (p.first, p.through, p.ran, p.backfilled)
+                for p in PrunedHistory.objects.all()
+            }
+            transaction.set_rollback(True)
+        return rows
+
+    whole = bookkeeping()
+    assert set(whole) == {s.pk for s in schedules}
+    monkeypatch.setattr(retention, "_SPAN_CHUNK", 2)
+    assert bookkeeping() == whole
+    monkeypatch.setattr(retention, "_SPAN_CHUNK", 5_000)
+    monkeypatch.setattr(retention, "_ROWS_CHUNK", 3)
+    assert bookkeeping() == whole
