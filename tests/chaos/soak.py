@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=25, help="chaos phase length")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--schedules", type=int, default=200)
-    parser.add_argument("--quiet", type=float, default=90, help="quiet seconds after faults")
+    parser.add_argument("--quiet", type=float, default=120, help="quiet seconds after faults")
     parser.add_argument("--database", default="cs_soak", help="dedicated database (recreated)")
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432")
     parser.add_argument(

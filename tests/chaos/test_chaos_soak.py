@@ -62,8 +62,11 @@ def test_short_chaos_soak_has_no_violations(
         # Long enough for the redelivery contract: a message the broker loses twice in a row
         # (two Redis restarts) is published again 10 s, then 20 s, then 40 s after its last
         # publish (the backoff doubles per publish no worker received), plus the backlog
-        # the restarts leave. 45 s judged such a third copy lost (seed 13810352).
-        quiet_seconds=90,
+        # the restarts leave. 45 s judged such a third copy lost (seed 13810352). 90 s left the
+        # judged window 41 s long once (seed 2359631: after a Redis restart the workers'
+        # backlog delivered 03:03:03-03:03:26 about 60 s late; the judge then asks only what
+        # fell before that lag), so too few fire times were MUST for the floor below.
+        quiet_seconds=120,
         schedules=120,
         database_url=database_url(),
         log_dir=Path(os.environ.get("CHAOS_LOG_DIR") or tmp_path) / f"soak-{seed}",
