@@ -2,13 +2,17 @@
 with ``partition_retention_days``, and ``manage.py partitions drop``) costs, and how long
 the run path waits for it.
 
-``python -m bench.retire_day [--rows 1000000] [--db cs_retire_day]``
+``python -m bench.retire_day [--rows 1000000] [--schedules 10000] [--db cs_retire_day]``
 
 Recreates the PostgreSQL database ``--db``, migrates it and seeds, by SQL (history, not the
-measured path), two past daily slots of ``--rows`` SUCCEEDED occurrences each, with their
-attempts and sent outbox rows; the newer of the two also holds one DEAD occurrence, which
-retention keeps (so that slot is refused). Today's slot holds one RUNNING occurrence. Then
-VACUUM ANALYZE (what autovacuum would have done), and:
+measured path), two past daily slots of ``--rows`` SUCCEEDED occurrences each, spread over
+``--schedules`` schedules, with their attempts and sent outbox rows; the newer of the two
+also holds one DEAD occurrence, which retention keeps (so that slot is refused). Today's
+slot holds one RUNNING occurrence. Then VACUUM ANALYZE (what autovacuum would have done),
+and:
+
+- **the bookkeeping's memory**: ``record_pruned`` over the older slot in a transaction
+  rolled back, its peak Python memory by ``tracemalloc``;
 
 - **one round**: ``drop_old`` with both slots expired, which drops the older and refuses the
   newer, while a second connection updates today's occurrence in a loop, as a worker's
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+import tracemalloc
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -35,7 +40,7 @@ from bench.seed_scale import median_ms, seed_day
 DAY = timedelta(days=1)
 
 
-def seed(rows: int, today: datetime) -> tuple[Any, datetime]:
+def seed(rows: int, schedules: int, today: datetime) -> tuple[Any, datetime]:
     """Seed the two past slots and today's RUNNING row; returns the row's key."""
     from django.db import connection
 
@@ -44,18 +49,20 @@ def seed(rows: int, today: datetime) -> tuple[Any, datetime]:
 
     partitions.ensure(today, width=DAY, ahead=1, behind=9, wait=True)
     tenant = Tenant.objects.create(slug="history")
-    filler = Schedule.objects.create(
-        tenant=tenant, name="filler", task="bench.append_line", kind="CRON",
-        cron="* * * * *", state="COMPLETED",  # history only
-    )  # fmt: skip
+    history_only = {"task": "bench.append_line", "kind": "CRON", "cron": "* * * * *"}
+    made = Schedule.objects.bulk_create(
+        Schedule(tenant=tenant, name=f"history-{i}", state="COMPLETED", **history_only)
+        for i in range(schedules)
+    )
+    ids = [s.pk for s in made]
     with connection.cursor() as cur:
         for d in (9, 8):
-            seed_day(cur, filler.pk, tenant.pk, day=today - d * DAY, n=rows)
+            seed_day(cur, ids, tenant.pk, day=today - d * DAY, n=rows // schedules)
             print(f"  {today - d * DAY:%Y-%m-%d}: {rows:,} occurrences seeded", flush=True)
     held = Occurrence.objects.filter(scheduled_for__gte=today - 8 * DAY).order_by("?")[:1]
     Occurrence.objects.filter(pk__in=[o.pk for o in held]).update(state="DEAD")
     live = Occurrence.objects.create(
-        id=uuid.uuid4(), schedule=filler, schedule_version=1, tenant=tenant,
+        id=uuid.uuid4(), schedule=made[0], schedule_version=1, tenant=tenant,
         scheduled_for=today, available_at=today, state="RUNNING", manual=True,
     )  # fmt: skip
     with connection.cursor() as cur:
@@ -63,6 +70,25 @@ def seed(rows: int, today: datetime) -> tuple[Any, datetime]:
             "VACUUM ANALYZE django_app_occurrence, django_app_attempt, django_app_outboxentry"
         )
     return live.pk, today
+
+
+def bookkeeping_peak(start: datetime) -> float:
+    """Peak MB of Python memory (tracemalloc) of ``record_pruned`` over the day's slot from
+    ``start``, in a transaction rolled back."""
+    from django.db import transaction
+
+    from django_app.models import Occurrence
+    from django_app.operations import retention
+
+    tracemalloc.start()
+    with transaction.atomic():
+        retention.record_pruned(
+            Occurrence.objects.filter(scheduled_for__gte=start, scheduled_for__lt=start + DAY)
+        )
+        transaction.set_rollback(True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 1e6
 
 
 class StallProbe(threading.Thread):
@@ -105,6 +131,7 @@ class StallProbe(threading.Thread):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--db", default="cs_retire_day")
     args = parser.parse_args()
 
@@ -115,8 +142,10 @@ def main() -> None:
     now = datetime.now(UTC)
     today = now.replace(hour=0, minute=0, second=0, microsecond=0)
     began = time.perf_counter()
-    live, at = seed(args.rows, today)
+    live, at = seed(args.rows, args.schedules, today)
     print(f"seeded in {time.perf_counter() - began:.0f} s", flush=True)
+    print(f"record_pruned of the older slot: peak {bookkeeping_peak(today - 9 * DAY):.1f} MB "
+          "of Python memory (tracemalloc; rolled back)", flush=True)  # fmt: skip
 
     probe = StallProbe(f"postgres://postgres@127.0.0.1:5432/{args.db}", live, at)
     probe.start()

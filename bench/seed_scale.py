@@ -125,16 +125,17 @@ def insert_succeeded(
     )  # fmt: skip
 
 
-def seed_day(cur: Any, schedule_id: Any, tenant_id: int, *, day: datetime, n: int) -> None:
-    """``n`` SUCCEEDED occurrences of one schedule spread over the day from ``day``, each
-    with its attempt and its sent outbox row: history by SQL, not the measured path."""
-    insert_succeeded(cur, schedule_id, tenant_id, start=day, n=n, step=86_400 / n)
-    span = {"a": day, "b": day + timedelta(days=1), "s": schedule_id}
+def seed_day(cur: Any, schedule_ids: list[Any], tenant_id: int, *, day: datetime, n: int) -> None:
+    """``n`` SUCCEEDED occurrences of each of the schedules spread over the day from ``day``,
+    each with its attempt and its sent outbox row: history by SQL, not the measured path."""
+    for schedule_id in schedule_ids:
+        insert_succeeded(cur, schedule_id, tenant_id, start=day, n=n, step=86_400 / n)
+    span = {"a": day, "b": day + timedelta(days=1), "s": [str(i) for i in schedule_ids]}
     cur.execute(
         "INSERT INTO django_app_attempt (occurrence_id, scheduled_for, number, "
         "fencing_token, worker, started_at, finished_at, outcome, error) "
         "SELECT id, scheduled_for, 1, 1, 'history', scheduled_for, scheduled_for, "
-        "'SUCCEEDED', '' FROM django_app_occurrence WHERE schedule_id = %(s)s "
+        "'SUCCEEDED', '' FROM django_app_occurrence WHERE schedule_id = ANY(%(s)s::uuid[]) "
         "AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
         span,
     )
@@ -143,7 +144,8 @@ def seed_day(cur: Any, schedule_id: Any, tenant_id: int, *, day: datetime, n: in
         "shard, available_at, priority, sent_at, publish_count, claimed_by, "
         "created_at) SELECT id, scheduled_for, tenant_id, 0, scheduled_for, 0, "
         "scheduled_for, 1, '', scheduled_for FROM django_app_occurrence "
-        "WHERE schedule_id = %(s)s AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
+        "WHERE schedule_id = ANY(%(s)s::uuid[]) "
+        "AND scheduled_for >= %(a)s AND scheduled_for < %(b)s",
         span,
     )
 
@@ -166,7 +168,7 @@ def _history(days: int, per_day: int, part: int, parts: int) -> dict[str, Any]:
     with connection.cursor() as cur:
         for d in range(days - part, 0, -parts):  # this process's share of the days
             day = today - timedelta(days=d)
-            seed_day(cur, schedule.pk, tenant.pk, day=day, n=per_day)
+            seed_day(cur, [schedule.pk], tenant.pk, day=day, n=per_day)
             print(f"history: {day:%Y-%m-%d} seeded ({time.monotonic() - started:.0f}s)",
                   flush=True)  # fmt: skip
         cur.execute("ANALYZE django_app_occurrence, django_app_attempt, django_app_outboxentry")
