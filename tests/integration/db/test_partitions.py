@@ -79,6 +79,18 @@ def add(
     return occ
 
 
+def wait_for_a_lock_wait(observer: psycopg.Connection[Any], statement: str, what: str) -> None:
+    """Until a statement starting with ``statement`` waits for a lock in this database."""
+    deadline = time.monotonic() + 30
+    while not observer.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE %s",
+        [statement + "%"],
+    ).fetchone():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 @pytest.mark.django_db
 def test_a_fresh_install_is_partitioned_with_the_key_in_every_unique_key() -> None:
     occ, att, out = partitions.tables()
@@ -451,13 +463,7 @@ def test_a_detached_table_another_round_drops_first_is_skipped() -> None:
         other_round.execute(f"LOCK TABLE {orphan} IN ACCESS EXCLUSIVE MODE")
         sweeper = threading.Thread(target=sweep)
         sweeper.start()
-        deadline = time.monotonic() + 30
-        while not observer.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'TRUNCATE%%'"
-        ).fetchone():
-            assert time.monotonic() < deadline, "the sweep never waited for the table's lock"
-            time.sleep(0.01)
+        wait_for_a_lock_wait(observer, "TRUNCATE", "the sweep never waited for the table's lock")
         other_round.execute(f"DROP TABLE {orphan}")
         other_round.commit()
     sweeper.join(timeout=60)
@@ -654,13 +660,7 @@ def test_a_lock_cycle_with_the_run_path_is_broken_by_maintenance_yielding() -> N
         run_path.execute(f"SELECT 1 FROM {att} LIMIT 1")  # holds the attempt parent
         maintenance = threading.Thread(target=maintain)
         maintenance.start()
-        deadline = time.monotonic() + 30
-        while not observer.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%%'"
-        ).fetchone():
-            assert time.monotonic() < deadline, "the slot creation never waited for a lock"
-            time.sleep(0.01)
+        wait_for_a_lock_wait(observer, "LOCK TABLE", "the slot creation never waited for a lock")
         # Closes the cycle: waits for the occurrence lock the slot creation holds.
         run_path.execute(f"SELECT 1 FROM {occ} LIMIT 1")
         run_path.commit()
