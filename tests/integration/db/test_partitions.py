@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -77,6 +78,23 @@ def add(
     )  # fmt: skip
     Attempt.objects.create(occurrence=occ, number=1, fencing_token=1, started_at=at)
     return occ
+
+
+def in_thread(call: Callable[[], Any], outcome: dict[str, Any]) -> threading.Thread:
+    """Run ``call`` in a started thread on its own connection; its return value goes into
+    ``outcome["result"]``, an exception it raises into ``outcome["error"]``."""
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
 def wait_for_a_lock_wait(observer: psycopg.Connection[Any], statement: str, what: str) -> None:
@@ -448,27 +466,21 @@ def test_a_detached_table_another_round_drops_first_is_skipped() -> None:
         cur.execute(f"CREATE TABLE {orphan} (id int)")
     outcome: dict[str, Any] = {}
 
-    def sweep() -> None:
-        try:
-            outcome["dropped"] = partitions.drop_detached(lock_timeout_ms=30_000)
-        except Exception as exc:
-            outcome["error"] = exc
-        finally:
-            connection.close()
+    def sweep() -> Any:
+        return partitions.drop_detached(lock_timeout_ms=30_000)
 
     with (
         psycopg.connect(database_url()) as other_round,
         psycopg.connect(database_url(), autocommit=True) as observer,
     ):
         other_round.execute(f"LOCK TABLE {orphan} IN ACCESS EXCLUSIVE MODE")
-        sweeper = threading.Thread(target=sweep)
-        sweeper.start()
+        sweeper = in_thread(sweep, outcome)
         wait_for_a_lock_wait(observer, "TRUNCATE", "the sweep never waited for the table's lock")
         other_round.execute(f"DROP TABLE {orphan}")
         other_round.commit()
     sweeper.join(timeout=60)
     assert "error" not in outcome, outcome.get("error")
-    assert outcome["dropped"] == [orphan]
+    assert outcome["result"] == [orphan]
 
 
 # -- a race across midnight, real processes ---------------------------------------------
@@ -645,28 +657,22 @@ def test_a_lock_cycle_with_the_run_path_is_broken_by_maintenance_yielding() -> N
                     cur.execute(f"DROP TABLE {part.name}")
     outcome: dict[str, Any] = {}
 
-    def maintain() -> None:
-        try:
-            outcome["created"] = partitions.ensure(day, width=DAY, ahead=0, wait=True).created
-        except Exception as exc:
-            outcome["error"] = exc
-        finally:
-            connection.close()
+    def maintain() -> Any:
+        return partitions.ensure(day, width=DAY, ahead=0, wait=True).created
 
     with (
         psycopg.connect(database_url()) as run_path,
         psycopg.connect(database_url(), autocommit=True) as observer,
     ):
         run_path.execute(f"SELECT 1 FROM {att} LIMIT 1")  # holds the attempt parent
-        maintenance = threading.Thread(target=maintain)
-        maintenance.start()
+        maintenance = in_thread(maintain, outcome)
         wait_for_a_lock_wait(observer, "LOCK TABLE", "the slot creation never waited for a lock")
         # Closes the cycle: waits for the occurrence lock the slot creation holds.
         run_path.execute(f"SELECT 1 FROM {occ} LIMIT 1")
         run_path.commit()
     maintenance.join(timeout=60)
     assert "error" not in outcome, outcome.get("error")
-    assert sorted(outcome["created"]) == sorted(
+    assert sorted(outcome["result"]) == sorted(
         partitions.slot_name(table, day, DAY) for table in partitions.tables()
     )
 
