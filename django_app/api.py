@@ -447,9 +447,13 @@ def get_tenant(slug: str) -> TenantInfo:
     return tenants.get_tenant(slug)
 
 
-def list_tenants(*, clock: Clock | None = None) -> list[TenantUsage]:
-    """Every tenant with its usage against each quota (see :class:`TenantUsage`)."""
-    return tenants.list_tenants(now=(clock or SYSTEM_CLOCK).now())
+def list_tenants(*, tenant: str | None = None, clock: Clock | None = None) -> list[TenantUsage]:
+    """Every tenant with its usage against each quota (see :class:`TenantUsage`).
+
+    ``tenant``: that tenant's row alone, counted from its own rows only
+    (``ValidationError`` on ``tenant`` if unknown).
+    """
+    return tenants.list_tenants(now=(clock or SYSTEM_CLOCK).now(), slug=tenant)
 
 
 def skip_occurrence(

@@ -405,8 +405,7 @@ class TenantListView(SchedulerAPIView):
     @extend_schema(responses=_responses(s.TenantUsage(many=True)), **operations.doc("tenants_list"))
     def get(self, request: Request) -> Response:
         slug = scope_of(request).slug
-        rows = [u for u in api.list_tenants() if slug is None or u.tenant.slug == slug]
-        return Response(as_json(rows))
+        return Response(as_json(api.list_tenants(tenant=slug)))
 
     @extend_schema(
         request=s.TenantCreate,
@@ -429,10 +428,11 @@ class TenantDetailView(SchedulerAPIView):
     @extend_schema(responses=_responses(s.TenantUsage), **operations.doc("tenants_describe"))
     def get(self, request: Request, slug: str) -> Response:
         self._visible(request, slug)
-        for usage in api.list_tenants():
-            if usage.tenant.slug == slug:
-                return Response(as_json(usage))
-        raise Http404(f"No tenant {slug!r}")
+        try:
+            (usage,) = api.list_tenants(tenant=slug)
+        except errors.ValidationError:
+            raise Http404(f"No tenant {slug!r}") from None
+        return Response(as_json(usage))
 
     @extend_schema(
         request=s.TenantUpdate,

@@ -7,8 +7,6 @@ unusual occurrences cost, not their whole history."""
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +24,7 @@ from tests.integration.admin_support import (  # noqa: F401 (fixtures)
     tenants,
     users,
 )
+from tests.integration.plans import ON_POSTGRES, read_by
 
 pytestmark = pytest.mark.django_db
 
@@ -88,22 +87,7 @@ def history(schedule: Any, n: int, now: datetime) -> None:
     )
 
 
-def rows_read(plan: dict[str, Any]) -> int:
-    """Rows the plan's scans of the history produced or filtered out, over all their loops."""
-    node = plan
-    read = 0
-    if any(
-        node.get("Relation Name", "").startswith(t) for t in ("django_app_occ", "django_app_att")
-    ):
-        kept = node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-        read += int(kept * node.get("Actual Loops", 1))
-    return read + sum(rows_read(child) for child in node.get("Plans", []))
-
-
-@pytest.mark.skipif(
-    os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
-    reason="reads PostgreSQL's plans",
-)
+@ON_POSTGRES
 def test_a_page_reads_its_rows_latest_and_unusual_occurrences_not_their_history(
     make_schedule: Any,
 ) -> None:
@@ -122,12 +106,5 @@ def test_a_page_reads_its_rows_latest_and_unusual_occurrences_not_their_history(
     with CaptureQueriesContext(connection) as captured:
         summaries = summarize(schedules)
     assert all(s.last_failure and s.next_pending for s in summaries.values())
-    read = 0
-    with connection.cursor() as cur:
-        # Index paths must exist for each read: with scans priced out, none falls back to one.
-        cur.execute("SET LOCAL enable_seqscan = off")
-        for query in captured.captured_queries:
-            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query["sql"])
-            (raw,) = cur.fetchone()
-            read += rows_read((raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"])
+    read = read_by(captured.captured_queries, ("django_app_occ", "django_app_att"))
     assert read < 200, read

@@ -1,0 +1,44 @@
+"""What a statement read, from PostgreSQL's own plans: for tests whose promise is a cost
+that does not grow with rows the caller did not ask about."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+#: Skips a test that reads PostgreSQL's plans on another database.
+ON_POSTGRES = pytest.mark.skipif(
+    os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
+    reason="reads PostgreSQL's plans",
+)
+
+
+def rows_read(plan: dict[str, Any], tables: tuple[str, ...]) -> int:
+    """Rows the plan's scans of ``tables`` (name prefixes: partitions count) produced or
+    filtered out, over all their loops."""
+    read = 0
+    if plan.get("Relation Name", "").startswith(tables):
+        kept = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+        read += int(kept * plan.get("Actual Loops", 1))
+    return read + sum(rows_read(child, tables) for child in plan.get("Plans", []))
+
+
+def read_by(statements: Iterable[dict[str, Any]], tables: tuple[str, ...]) -> int:
+    """Rows of ``tables`` the captured ``statements`` read, each run again under
+    ``EXPLAIN ANALYZE`` with sequential scans priced out: an index path must exist for each
+    read, or it falls back to a scan and counts every row. Call it inside the test's
+    transaction (``SET LOCAL``)."""
+    read = 0
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        for query in statements:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query["sql"])
+            (raw,) = cur.fetchone()
+            plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
+            read += rows_read(plan, tables)
+    return read
