@@ -1,6 +1,6 @@
 """One materializer pass over N hourly crons, in one process, optionally A/B against a migration.
 
-``python -m bench.materialize_rate [--n 100000] [--rounds 2] [--against 0016]``
+``python -m bench.materialize_rate [--n 100000] [--rounds 2] [--against 0016] [--per-shard]``
 
 Recreates the PostgreSQL database ``cs_mat_ab``, migrates it, creates N hourly crons due
 in a few minutes through ``api.create_schedules``, then times ``materialize_due_bulk`` (the
@@ -9,7 +9,8 @@ rows are deleted, the cursors reset and the tables vacuumed, so every pass plans
 N rows from the same state. With ``--against M`` each round also migrates ``django_app``
 back to ``M``, times a pass there, and migrates forward again: the same rows with and
 without what the migrations after ``M`` changed (``--against 0016``: the seven foreign-key
-indexes that 0017 dropped).
+indexes that 0017 dropped). ``--per-shard`` plans shard by shard, one call per shard, as a
+beat does (``DatabaseScheduler._materialize_shards``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--against", default="", help="a django_app migration to compare")
     parser.add_argument("--db", default="cs_mat_ab")
+    parser.add_argument("--per-shard", action="store_true", help="one call per shard, as a beat")
     args = parser.parse_args()
 
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as admin:
@@ -44,6 +46,7 @@ def main() -> None:
 
     from celery_scheduler import api
     from celery_scheduler.core.clock import FrozenClock
+    from django_app import conf
     from django_app.materialize.set_based import materialize_due_bulk
 
     call_command("migrate", verbosity=0)
@@ -71,15 +74,29 @@ def main() -> None:
     def timed(label: str) -> None:
         reset()
         t0 = time.perf_counter()
-        report = materialize_due_bulk(clock=FrozenClock(now), horizon=timedelta(minutes=30))
+        cpu0 = time.process_time()
+        horizon = timedelta(minutes=30)
+        if args.per_shard:
+            created = sum(
+                materialize_due_bulk(
+                    clock=FrozenClock(now), horizon=horizon, shards=[shard]
+                ).occurrences_created
+                for shard in range(conf.get().shard_count)
+            )
+        else:
+            created = materialize_due_bulk(
+                clock=FrozenClock(now), horizon=horizon
+            ).occurrences_created
         elapsed = time.perf_counter() - t0
+        client = (time.process_time() - cpu0) / max(created, 1) * 1e6
         print(
-            f"  {label:<28} {report.occurrences_created:,} rows in {elapsed:.1f} s: "
-            f"{report.occurrences_created / elapsed:,.0f} rows/s",
+            f"  {label:<28} {created:,} rows in {elapsed:.1f} s: "
+            f"{created / elapsed:,.0f} rows/s (client CPU {client:.0f} us/row)",
             flush=True,
         )
 
-    print(f"materializer pass, {args.n:,} hourly crons, load {os.getloadavg()[0]:.2f}")
+    calls = "one call per shard" if args.per_shard else "one call"
+    print(f"materializer pass, {args.n:,} hourly crons, {calls}, load {os.getloadavg()[0]:.2f}")
     for round_ in range(args.rounds):
         timed(f"head, round {round_}")
         if args.against:

@@ -67,14 +67,19 @@ def returning_created(insert: str, model: Any) -> str:
 def advance() -> str:
     """PostgreSQL (set-based materializer): move the cursors of the schedules ``ids`` from
     ``cursors`` to ``nexts`` where version and cursor still match (the row count says how
-    many did); a cursor with no next fire time goes inactive."""
+    many did); a cursor with no next fire time goes inactive.
+
+    ``c.schedule_id = ANY(ids)`` repeats the join's key as a condition on the table: without
+    it PostgreSQL joined the batch's rows to a hash of every cursor in the database (a scan
+    of the whole table per batch); with it, it reads the batch's cursors by their key."""
     return (
         f"UPDATE {_quote(ScheduleCursor._meta.db_table)} AS c "
         "SET next_run_at = v.next, active = v.next IS NOT NULL "
         "FROM unnest(%(ids)s::uuid[], %(versions)s::integer[], %(cursors)s::timestamptz[], "
         "%(nexts)s::timestamptz[]) "
         "AS v(id, version, cursor, next) "
-        "WHERE c.schedule_id = v.id AND c.version = v.version AND c.next_run_at = v.cursor "
+        "WHERE c.schedule_id = ANY(%(ids)s::uuid[]) "
+        "AND c.schedule_id = v.id AND c.version = v.version AND c.next_run_at = v.cursor "
         "AND c.active"
     )
 
@@ -83,6 +88,14 @@ def due_batch(*, shards: bool, lost: bool, after: bool) -> str:
     """PostgreSQL (set-based materializer): lock and read up to ``%(size)s`` due schedules
     in ``(next_run_at, id)`` order, skipping rows another node holds; the columns are
     :class:`django_app.materialize.set_based.DueSchedule`'s, in its order.
+
+    The due cursors are read and ordered first (their own narrow table, by its index), then
+    each one's schedule row is locked and read by its primary key, until ``size`` rows are
+    taken. As one join, PostgreSQL planned a hash join over a scan of the whole schedule
+    table for every batch (a shard's due rows are a few percent of it): each batch's read
+    grew with every schedule in the database. The schedule's read is a ``LATERAL``
+    subquery with its own row lock, which PostgreSQL runs once per cursor row, by key;
+    rows come out in the cursors' order, so only the rows taken are locked, in that order.
 
     Placeholders: ``until``, ``interval`` (the kind whose ``created_at`` anchors it),
     ``size``; with ``shards`` the cursor's shard is one of ``%(shards)s``; with ``lost``
@@ -93,17 +106,21 @@ def due_batch(*, shards: bool, lost: bool, after: bool) -> str:
     where = ["c.active", "c.next_run_at <= %(until)s"]
     if shards:
         where.append("c.shard = ANY(%(shards)s::integer[])")
-    if lost:
-        where.append("NOT (s.shard = ANY(%(lost)s::integer[]))")
     if after:
-        where.append("(c.next_run_at, s.id) > (%(at)s, %(after_id)s)")
+        where.append("(c.next_run_at, c.schedule_id) > (%(at)s, %(after_id)s)")
+    locked = "s.id = c.schedule_id"
+    if lost:
+        locked += " AND NOT (s.shard = ANY(%(lost)s::integer[]))"
     return (
+        "SELECT s.*, c.next_run_at "
+        f"FROM (SELECT c.schedule_id, c.next_run_at FROM {cursor} AS c "
+        f"WHERE {' AND '.join(where)} ORDER BY c.next_run_at, c.schedule_id) AS c "
+        "CROSS JOIN LATERAL ("
         "SELECT s.id, s.tenant_id, s.shard, s.version, s.priority, s.kind, s.cron, "
         "s.timezone, s.dst_gap, s.dst_fold, s.interval_seconds, s.run_at, s.start_at, "
         "s.end_at, s.misfire_policy, s.max_lateness_seconds, s.catchup_cap, "
         "s.flexible_window_seconds, "
-        "CASE WHEN s.kind = %(interval)s THEN s.created_at END, c.next_run_at "
-        f"FROM {schedule} AS s JOIN {cursor} AS c ON c.schedule_id = s.id "
-        f"WHERE {' AND '.join(where)} "
-        "ORDER BY c.next_run_at, s.id LIMIT %(size)s FOR UPDATE OF s SKIP LOCKED"
+        "CASE WHEN s.kind = %(interval)s THEN s.created_at END "
+        f"FROM {schedule} AS s WHERE {locked} FOR UPDATE SKIP LOCKED) AS s "
+        "ORDER BY c.next_run_at, c.schedule_id LIMIT %(size)s"
     )

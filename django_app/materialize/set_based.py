@@ -4,9 +4,10 @@ Same contract as :mod:`django_app.materialize.per_schedule` (same rows, same cur
 same misfire plans), with the per-schedule round trips replaced by a handful of statements per
 batch:
 
-1. ``SELECT ... FOR UPDATE OF schedule SKIP LOCKED`` takes up to ``bulk_batch_size`` due
-   schedules in ``(next_run_at, id)`` order: nodes take disjoint rows, and lifecycle calls
-   (which lock the same rows) serialise with the batch instead of racing it;
+1. up to ``bulk_batch_size`` due schedules in ``(next_run_at, id)`` order, each locked by
+   its key (``FOR UPDATE SKIP LOCKED``) as its cursor comes up (:func:`queries.due_batch`):
+   nodes take disjoint rows, and lifecycle calls (which lock the same rows) serialise with
+   the batch instead of racing it;
 2. the fencing check: the batch's shard lease rows are locked in shard order and their
    tokens compared; schedules of a shard whose token moved on are left untouched;
 3. fault point ``materialize.before_insert`` (once per batch); the catch-up slots of the

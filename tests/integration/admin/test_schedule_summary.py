@@ -106,5 +106,5 @@ def test_a_page_reads_its_rows_latest_and_unusual_occurrences_not_their_history(
     with CaptureQueriesContext(connection) as captured:
         summaries = summarize(schedules)
     assert all(s.last_failure and s.next_pending for s in summaries.values())
-    read = read_by(captured.captured_queries, ("django_app_occ", "django_app_att"))
+    read = read_by(captured.captured_queries, ("django_app_occurrence", "django_app_attempt"))
     assert read < 200, read

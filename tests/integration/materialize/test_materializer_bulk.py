@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
@@ -24,8 +25,15 @@ from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
 from django_app import conf
 from django_app.materialize.per_schedule import MaterializeReport, trigger_for
 from django_app.materialize.set_based import materialize_due_bulk
-from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
+from django_app.models import (
+    Occurrence,
+    OutboxEntry,
+    Schedule,
+    ShardLease,
+    Tenant,
+)
 from django_app.wiring import materialize_due
+from tests.integration.plans import read_by
 
 NOW = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # Europe's spring-forward night
 MINUTE = timedelta(minutes=1)
@@ -321,3 +329,33 @@ def test_rejected_batch_falls_back_to_the_per_schedule_path(monkeypatch: Any) ->
     for s in schedules:
         assert Occurrence.objects.filter(schedule=s).count() == 1
         assert OutboxEntry.objects.filter(occurrence__schedule=s).count() == 1
+
+
+def test_a_batch_reads_its_schedules_by_key_not_the_whole_table() -> None:
+    """A shard's due rows are a small part of the schedule table; a batch locks and reads
+    those by key. Seen failing on the one-join read, which PostgreSQL planned, from these
+    statistics, as a hash join over a scan of all 3,000 schedules for a shard's ~47."""
+    tenant = Tenant.objects.create(slug="bykey")
+    sids = [uuid.uuid4() for _ in range(3_000)]
+    Schedule.objects.bulk_create(
+        Schedule(  # type: ignore[misc]  # next_run_at: a property
+            id=sid, tenant=tenant, name=sid.hex[:8], task="billing.tasks.noop", kind="CRON",
+            cron="30 * * * *", shard=ids.shard_for(sid, 64), next_run_at=NOW,
+        )
+        for sid in sids
+    )  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE django_app_schedule, django_app_schedulecursor")
+    shard = ids.shard_for(sids[0], 64)
+    due = sum(ids.shard_for(sid, 64) == shard for sid in sids)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as captured:
+            report = materialize_due_bulk(clock=FrozenClock(NOW), shards=[shard], horizon=MINUTE)
+        assert report.occurrences_created == due
+        transaction.set_rollback(True)
+    batch_reads = [q for q in captured.captured_queries if "SKIP LOCKED" in q["sql"]]
+    assert batch_reads
+    with transaction.atomic():
+        read = read_by(batch_reads, ("django_app_schedule",), price_out_scans=False)
+        transaction.set_rollback(True)
+    assert read <= due, (read, due)
