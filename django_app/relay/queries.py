@@ -57,9 +57,15 @@ def claim(*, sharded: bool, keyed: bool) -> str:
     harmless: the wave locks occurrence rows and re-checks ``sent_at`` before publishing, so
     an expired claim moves who sends, not how often. ``keyed`` (partitioned tables, where
     the key is never NULL): the update finds the rows the inner select chose by their key.
+
+    The rows come back in the order they were chosen, ``(available_at, -priority, id)``:
+    the relay keeps that order among the rows of one instant (SPEC, "The single-node
+    dispatcher"). ``RETURNING`` alone has no order: it gave the plan's, which with the
+    table's statistics is the order the rows were written in.
     """
     outbox = table(OutboxEntry)
     return f"""
+WITH claimed AS (
 UPDATE {outbox}
 SET claimed_by = %(token)s,
     claim_expires_at = GREATEST(available_at, %(now)s) + make_interval(secs => %(lease)s)
@@ -69,7 +75,10 @@ WHERE {"(id, scheduled_for)" if keyed else "id"} IN (
       AND (available_at > %(now)s OR NOT tenant_id = ANY(%(rate_limited)s::bigint[]))
       AND (claimed_by = '' OR claim_expires_at IS NULL OR claim_expires_at < %(now)s)
     ORDER BY available_at, priority DESC, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING id, occurrence_id, shard, available_at, tenant_id, scheduled_for
+RETURNING id, occurrence_id, shard, available_at, tenant_id, scheduled_for, priority
+)
+SELECT id, occurrence_id, shard, available_at, tenant_id, scheduled_for FROM claimed
+ORDER BY available_at, priority DESC, id
 """
 
 
