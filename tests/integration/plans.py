@@ -1,21 +1,14 @@
 """What a statement read, from PostgreSQL's own plans: for tests whose promise is a cost
-that does not grow with rows the caller did not ask about."""
+that does not grow with rows the caller did not ask about. PostgreSQL only: mark the tests
+``postgres`` (tests/conftest.py skips them elsewhere)."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 
-import pytest
 from django.db import connection
-
-#: Skips a test that reads PostgreSQL's plans on another database.
-ON_POSTGRES = pytest.mark.skipif(
-    os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
-    reason="reads PostgreSQL's plans",
-)
 
 
 def rows_read(plan: dict[str, Any], tables: tuple[str, ...]) -> int:

@@ -24,7 +24,7 @@ from tests.integration.admin_support import (  # noqa: F401 (fixtures)
     tenants,
     users,
 )
-from tests.integration.plans import ON_POSTGRES, read_by
+from tests.integration.plans import read_by
 
 pytestmark = pytest.mark.django_db
 
@@ -87,7 +87,7 @@ def history(schedule: Any, n: int, now: datetime) -> None:
     )
 
 
-@ON_POSTGRES
+@pytest.mark.postgres
 def test_a_page_reads_its_rows_latest_and_unusual_occurrences_not_their_history(
     make_schedule: Any,
 ) -> None:

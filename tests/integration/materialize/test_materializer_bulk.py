@@ -25,13 +25,7 @@ from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
 from django_app import conf
 from django_app.materialize.per_schedule import MaterializeReport, trigger_for
 from django_app.materialize.set_based import materialize_due_bulk
-from django_app.models import (
-    Occurrence,
-    OutboxEntry,
-    Schedule,
-    ShardLease,
-    Tenant,
-)
+from django_app.models import Occurrence, OutboxEntry, Schedule, ShardLease, Tenant
 from django_app.wiring import materialize_due
 from tests.integration.plans import read_by
 

@@ -19,7 +19,8 @@ from django_app.models import Tenant
 from django_app.relay.batch import relay_due
 from django_app.worker import claim
 from django_app.worker.claim import ClaimOutcome
-from tests.integration.plans import ON_POSTGRES, read_by
+from tests.conftest import is_postgres
+from tests.integration.plans import read_by
 from tests.integration.tenancy.test_tenant_fairness import NOW, seed
 from tests.integration.worker_support import make_occurrence, make_schedule
 
@@ -196,8 +197,8 @@ def test_one_tenants_usage_is_its_row_of_the_list_read_from_its_own_rows() -> No
     with pytest.raises(errors.ValidationError) as unknown:
         api.list_tenants(tenant="nobody")
     assert unknown.value.field == "tenant"
-    if ON_POSTGRES.args[0]:  # skipif's condition: not PostgreSQL
-        return
+    if not is_postgres():
+        return  # the plan check below reads PostgreSQL's plans
     # The unsent rows the backlog starts from are every tenant's (no index by tenant: they
     # are what is due, not history); the schedules and occurrences read are its own.
     read = read_by(captured.captured_queries, ("django_app_schedule", "django_app_occurrence"))
