@@ -63,17 +63,18 @@ def _release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
     The wake is what keeps a line's hand-over short: the next waiter does not wait for its
     next poll (:mod:`django_app.worker.waiting`). One read when the run held no slot.
     """
-    held = list(
-        ConcurrencySlot.objects.filter(owner=slot_owner(occurrence_id, token)).values_list(
-            "pk", "tenant_id", "key"
+    owner = slot_owner(occurrence_id, token)
+    held = list(ConcurrencySlot.objects.filter(owner=owner).values_list("pk", "tenant_id", "key"))
+    # The owner again in the update: a slot whose lease expired after the read above is free
+    # to take, and a claim that took it (waited for here, on its row lock) holds it now.
+    released = [
+        (tenant_id, key)
+        for pk, tenant_id, key in held
+        if ConcurrencySlot.objects.filter(pk=pk, owner=owner).update(
+            owner="", occurrence_id=None, expires_at=None
         )
-    )
-    if not held:
-        return
-    ConcurrencySlot.objects.filter(pk__in=[pk for pk, _, _ in held]).update(
-        owner="", occurrence_id=None, expires_at=None
-    )
-    _wake_after_release([(tenant_id, key) for _, tenant_id, key in held], occurrence_id, now)
+    ]
+    _wake_after_release(released, occurrence_id, now)
 
 
 def _wake_after_release(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,33 +20,11 @@ from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.states import UNCLAIMED
 from django_app.models import Occurrence, Schedule
 from django_app.wiring import materialize_due
+from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 
 pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
-
-
-def run_threads(*targets: Callable[[], None]) -> list[BaseException]:
-    """Start all targets at once (barrier) and return what they raised."""
-    barrier = threading.Barrier(len(targets))
-    failures: list[BaseException] = []
-
-    def wrap(target: Callable[[], None]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            target()
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=wrap, args=(t,)) for t in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "a racing thread hung"
-    return failures
 
 
 def _occurrence_row(schedule: Schedule, scheduled_for: datetime) -> dict[str, Any]:
@@ -151,20 +128,6 @@ def test_update_and_cancel_racing_materializer_leave_nothing_claimable(round_: i
     assert Occurrence.objects.filter(schedule_id=schedule.id, state="CANCELED").count() >= 30
 
 
-def _lock_waiters() -> int:
-    """Transactions of this database now waiting for a row lock (asked on a new connection)."""
-    from django.db import connections
-
-    with connections["default"].cursor() as cur:
-        if connection.vendor == "mysql":
-            cur.execute("SELECT COUNT(*) FROM information_schema.innodb_trx "
-                        "WHERE trx_state = 'LOCK WAIT'")  # fmt: skip
-        else:
-            cur.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = "
-                        "current_database() AND wait_event_type = 'Lock'")  # fmt: skip
-        return int(cur.fetchone()[0])
-
-
 def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
     """The materializer's lock order, replayed step by step: on InnoDB the lifecycle loses.
 
@@ -199,14 +162,7 @@ def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
 
     def watch() -> None:
         # Releases the writer once the pause (the only other transaction) waits for the lock.
-        assert inserted.wait(timeout=20)
-        for _ in range(100):
-            # Not faster: InnoDB refreshes information_schema.innodb_trx only after 100 ms
-            # without a read of it.
-            threading.Event().wait(0.15)
-            if _lock_waiters():
-                pause_waits.set()
-                return
+        wait_for_a_lock_waiter(inserted, pause_waits)
 
     assert run_threads(writer, pause, watch) == []
     paused = Schedule.objects.get(pk=schedule.id)

@@ -9,12 +9,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OverlapPolicy
-from django_app.worker import claim
+from django_app.models import ConcurrencySlot
+from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
+from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
@@ -86,3 +88,40 @@ def test_group_cap_of_two_holds_under_a_race(tenant: Any, frozen_clock: FrozenCl
     assert outcomes(results) == {"CLAIMED": 2, "DEFERRED": 10}
     slots = {r.slot.slot for r in results if r.outcome is ClaimOutcome.CLAIMED}
     assert slots == {0, 1}
+
+
+def test_the_reaper_frees_an_expired_slot_only_while_the_lost_run_still_holds_it(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """A slot whose run lost its lease is free to take; the reaper, recovering that run,
+    must not free it again once a claim took it (its read of the slot came before).
+
+    The claim takes the expired slot and holds its transaction open; the reaper reads the
+    slot (the lost run's, as committed), and its release waits for the claim's row lock;
+    the claim commits. Seen in CI as two bodies of a cap-1 group running at once."""
+    group = [make_schedule(tenant, concurrency_limit=1, concurrency_group="g") for _ in range(3)]
+    lost, taker, third = (make_occurrence(s, frozen_clock.now()) for s in group)
+    lease = timedelta(seconds=30)
+    first = claim.claim(lost.id, worker="lost", clock=frozen_clock, lease=lease)
+    assert first.outcome is ClaimOutcome.CLAIMED
+    frozen_clock.advance(lease + timedelta(seconds=1))  # the lost run's lease and slot expire
+    taken, reaper_waits = threading.Event(), threading.Event()
+    won: list[Any] = []
+
+    def take() -> None:
+        with transaction.atomic():
+            won.append(claim.claim(taker.id, worker="taker", clock=frozen_clock, lease=lease))
+            taken.set()
+            assert reaper_waits.wait(timeout=20), "the reaper never waited for the slot"
+
+    def reap() -> None:
+        assert taken.wait(timeout=20)
+        assert finish.reap_expired(clock=frozen_clock) == 1
+
+    assert run_threads(take, reap, lambda: wait_for_a_lock_waiter(taken, reaper_waits)) == []
+    assert won[0].outcome is ClaimOutcome.CLAIMED
+    slot = ConcurrencySlot.objects.get(tenant=tenant, key="g")
+    assert slot.owner == finish.slot_owner(taker.id, won[0].fencing_token)
+    # Still the taker's: the group's cap of one turns the next claimer away.
+    later = claim.claim(third.id, worker="third", clock=frozen_clock, lease=lease)
+    assert later.outcome is ClaimOutcome.DEFERRED
