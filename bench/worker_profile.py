@@ -154,7 +154,9 @@ def main(argv: list[str]) -> None:
         token = claimed.fencing_token
         beat = timed(
             samples, "heartbeat: hold the lease",
-            lambda occ_id=occ_id, token=token: heartbeat.hold(str(occ_id), token, lease),
+            lambda occ_id=occ_id, token=token, slot=claimed.slot is not None: heartbeat.hold(
+                str(occ_id), token, lease, holds_slot=slot
+            ),
         )  # fmt: skip
         value = timed(samples, "body (append one line)", worker_tasks._append)
         timed(samples, "heartbeat: stop", beat.stop)

@@ -163,7 +163,10 @@ def execute(
         return {"outcome": "DEAD", "reason": error}
     if not lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
-    heartbeat = heartbeats.hold(occurrence_id, token, lease, clock, claimed.scheduled_for)
+    heartbeat = heartbeats.hold(
+        occurrence_id, token, lease, clock, claimed.scheduled_for,
+        holds_slot=claimed.slot is not None,
+    )  # fmt: skip
     try:
         with occurrence_context(
             occurrence_id, tenant_id=claimed.tenant_id, fencing_token=token, clock=clock,
@@ -279,7 +282,7 @@ def lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock)
         return True
     return finish.renew(
         claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease,
-        scheduled_for=claimed.scheduled_for,
+        scheduled_for=claimed.scheduled_for, holds_slot=claimed.slot is not None,
     )  # fmt: skip
 
 

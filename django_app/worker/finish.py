@@ -119,6 +119,7 @@ def renew(
     clock: Clock | None = None,
     lease: timedelta | None = None,
     scheduled_for: datetime | None = None,
+    holds_slot: bool,
 ) -> bool:
     """Extend the occurrence lease and the attempt's slot lease; False if the token is stale
     or the lease has lapsed.
@@ -127,23 +128,33 @@ def renew(
     not started must not start. A lapsed lease is never renewed, even under a current token:
     from its expiry on, claims stopped counting the run (its concurrency slot could be
     taken, the overlap policy and the tenant's ``max_running`` let the next run start), so
-    renewing it would bring a second run to life beside them. ``scheduled_for`` (the
+    renewing it would bring a second run to life beside them. ``holds_slot`` (the claim took
+    a concurrency slot): a slot found taken is such a lapse too (a claimer whose clock is
+    ahead of this one's saw it expire), and nothing is renewed. ``scheduled_for`` (the
     claim's) keeps it to the occurrence's history partition.
     """
     occ_id = uuid.UUID(str(occurrence_id))
-    now = (clock or SYSTEM_CLOCK).now()
-    expires = now + lease_or_default(lease)
-    live = Occurrence.objects.filter(pk=occ_id, lease_expires_at__gt=now)
+    mine = by_key(Occurrence.objects.filter(pk=occ_id, fencing_token=token), scheduled_for)
     with transaction.atomic():
+        # The row first, then the time: a renewal that waited for the row (a fence, a
+        # duplicate delivery's claim) judges the lease as of its write, not of its request.
+        list(mine.select_for_update().values_list("pk", flat=True))
+        now = (clock or SYSTEM_CLOCK).now()
+        expires = now + lease_or_default(lease)
         # RUNNING -> RUNNING under the same token: only the lease moves.
-        moved = by_key(live, scheduled_for).transition(
+        moved = mine.filter(lease_expires_at__gt=now).transition(
             S.RUNNING, only_from=S.RUNNING, if_token=token, lease_expires_at=expires
         )
-        if not moved:
+        slots = 0
+        if moved:
+            slots = ConcurrencySlot.objects.filter(owner=slot_owner(occ_id, token)).update(
+                expires_at=expires
+            )
+        if not moved or (holds_slot and not slots):
+            transaction.set_rollback(True)
             observe.worker_event("lease_lost")
             return False
         _attempt(occ_id, token, scheduled_for).update(heartbeat_at=now)
-        ConcurrencySlot.objects.filter(owner=slot_owner(occ_id, token)).update(expires_at=expires)
     return True
 
 

@@ -42,6 +42,8 @@ class Held:
     clock: Clock
     #: The occurrence's time as its claim read it: the history partition's key.
     scheduled_for: datetime | None
+    #: The claim took a concurrency slot: a renewal that finds it taken is a lost lease.
+    holds_slot: bool
     #: Monotonic time of the next renewal.
     due: float
     #: A renewal found the token stale: the attempt lost its lease.
@@ -82,11 +84,14 @@ class Heartbeats:
         lease: timedelta,
         clock: Clock,
         scheduled_for: datetime | None = None,
+        *,
+        holds_slot: bool,
     ) -> Held:
         """Renew this lease every ``lease / 3`` from now until :meth:`Held.stop`."""
         held = Held(
             occurrence_id=occurrence_id, token=token, lease=lease, clock=clock, owner=self,
             due=time.monotonic() + lease.total_seconds() / 3, scheduled_for=scheduled_for,
+            holds_slot=holds_slot,
         )  # fmt: skip
         with self._cond:
             self._held.add(held)
@@ -138,7 +143,7 @@ class Heartbeats:
         try:
             renewed = finish.renew(
                 held.occurrence_id, held.token, clock=held.clock, lease=held.lease,
-                scheduled_for=held.scheduled_for,
+                scheduled_for=held.scheduled_for, holds_slot=held.holds_slot,
             )  # fmt: skip
         except (DatabaseError, InterfaceError):
             # Reconnect for the next renewal: a killed connection is never retried.
@@ -172,7 +177,10 @@ def hold(
     lease: timedelta,
     clock: Clock = SYSTEM_CLOCK,
     scheduled_for: datetime | None = None,
+    *,
+    holds_slot: bool,
 ) -> Held:
     """Renew a run's lease from this process's heartbeat thread until ``stop()``;
-    ``scheduled_for`` (the claim's) is the occurrence's partition key."""
-    return HEARTBEATS.hold(occurrence_id, token, lease, clock, scheduled_for)
+    ``scheduled_for`` (the claim's) is the occurrence's partition key, ``holds_slot``
+    whether the claim took a concurrency slot."""
+    return HEARTBEATS.hold(occurrence_id, token, lease, clock, scheduled_for, holds_slot=holds_slot)

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from django.db import connection, connections
 
 
-def run_threads(*targets: Callable[[], None]) -> list[BaseException]:
+def run_threads(*targets: Callable[[], object]) -> list[BaseException]:
     """Start all targets at once (barrier) and return what they raised."""
     barrier = threading.Barrier(len(targets))
     failures: list[BaseException] = []
 
-    def wrap(target: Callable[[], None]) -> None:
+    def wrap(target: Callable[[], object]) -> None:
         try:
             barrier.wait(timeout=10)
             target()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -10,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import (
@@ -22,6 +20,7 @@ from django_app.models import Occurrence, OutboxEntry
 from django_app.relay import burst
 from django_app.relay.burst import BurstRelay
 from tests.integration.relay.test_burst import NOW, drive, seed
+from tests.integration.threads import run_threads
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -48,26 +47,10 @@ def test_two_relays_claiming_at_once_split_the_burst(monkeypatch: pytest.MonkeyP
         BurstRelay(clock=clock, publisher=SlowPreparing(), node=f"n{i}", lookahead=timedelta(30))
         for i in range(2)
     ]
-    start = threading.Barrier(2, timeout=30)
-    failures: list[BaseException] = []
-
-    def claim(relay: BurstRelay) -> None:
-        try:
-            start.wait()
-            relay.claim_ahead()
-        except BaseException as exc:  # re-raised below
-            failures.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claim, args=(r,)) for r in relays]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not failures, failures
+    # While one relay prepares a chunk the other claims the next.
+    assert run_threads(*(relay.claim_ahead for relay in relays)) == []
     held = [r.held() for r in relays]
-    # While one relay prepares a chunk the other claims the next: both hold a share.
+    # Both hold a share.
     assert sum(held) == ROWS
     assert min(held) >= CHUNK, held
     claimed = Counter(OutboxEntry.objects.values_list("claimed_by", flat=True))

@@ -65,7 +65,7 @@ def test_a_renewal_reads_the_runs_slot_only(tenant: Any, frozen_clock: FrozenClo
         assert run.fencing_token is not None
         finish.renew(
             run.occurrence_id, run.fencing_token, clock=frozen_clock, lease=LEASE,
-            scheduled_for=run.scheduled_for,
+            scheduled_for=run.scheduled_for, holds_slot=run.slot is not None,
         )  # fmt: skip
 
     touched = partitions_scanned(renew)
@@ -129,8 +129,8 @@ def test_a_failing_body_records_its_failure_under_the_rows_time_not_the_messages
     held: list[Any] = []
     real_hold = tasks.heartbeats.hold
 
-    def hold_spy(*args: Any) -> Any:
-        held.append(real_hold(*args))
+    def hold_spy(*args: Any, **kwargs: Any) -> Any:
+        held.append(real_hold(*args, **kwargs))
         return held[-1]
 
     monkeypatch.setattr(tasks.heartbeats, "hold", hold_spy)
@@ -148,6 +148,6 @@ def test_the_heartbeat_renews_with_the_key_it_was_given(monkeypatch: pytest.Monk
     keys: list[Any] = []
     monkeypatch.setattr(finish, "renew", lambda *a, **kw: keys.append(kw["scheduled_for"]))
     beats = heartbeat.Heartbeats()
-    held = beats.hold("x", 1, timedelta(seconds=3), SYSTEM_CLOCK, at)
+    held = beats.hold("x", 1, timedelta(seconds=3), SYSTEM_CLOCK, at, holds_slot=False)
     beats._renew(held)
     assert keys == [at]

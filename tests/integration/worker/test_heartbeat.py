@@ -77,7 +77,7 @@ def test_each_held_lease_is_renewed_until_its_run_lets_go(tenant: Any) -> None:
     for occ in (first, second):
         token = claim.claim(occ.id, worker="w", lease=lease).fencing_token
         assert token is not None
-        held.append(heartbeat.hold(str(occ.id), token, lease, SYSTEM_CLOCK))
+        held.append(heartbeat.hold(str(occ.id), token, lease, SYSTEM_CLOCK, holds_slot=False))
     try:
         _wait(
             lambda: Attempt.objects.filter(heartbeat_at__isnull=False).count() == 2,

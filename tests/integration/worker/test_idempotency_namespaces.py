@@ -8,13 +8,12 @@ worker wrapper (``django_app.tasks.execute``), which takes the tenant from the o
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
-from django.db import connection
 
 from celery_scheduler import idempotent_task
 from celery_scheduler.core.clock import FrozenClock
@@ -22,6 +21,7 @@ from celery_scheduler.tasks import current_idempotency_key
 from django_app.models import IdempotencyRecord, Occurrence
 from django_app.tasks import execute
 from example_project.billing.models import Invoice
+from tests.integration.threads import run_threads
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 app = Celery("idempotency-namespace-tests", set_as_current=False)
@@ -137,23 +137,12 @@ def test_concurrent_runs_dedupe_per_namespace_on_postgres(
         for t in (acme, globex)
         for i in range(3)
     ]
-    barrier = threading.Barrier(len(occs))
     results: dict[str, Any] = {}
 
-    def deliver(occ: Occurrence) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[str(occ.id)] = run(occ, frozen_clock)
-        except BaseException as exc:
-            results[str(occ.id)] = exc
-        finally:
-            connection.close()
+    def deliver(occ: Occurrence) -> Callable[[], None]:
+        return lambda: results.__setitem__(str(occ.id), run(occ, frozen_clock))
 
-    threads = [threading.Thread(target=deliver, args=(o,)) for o in occs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    assert run_threads(*(deliver(o) for o in occs)) == []
     assert all(isinstance(r, dict) and r["outcome"] == "SUCCEEDED" for r in results.values())
     per_tenant = {
         t.pk: {results[str(o.id)]["result"]["invoice_id"] for o in occs if o.tenant_id == t.pk}

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OverlapPolicy
-from django_app.models import ConcurrencySlot
+from django_app.models import ConcurrencySlot, Occurrence
 from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
 from tests.integration.threads import run_threads, wait_for_a_lock_waiter
@@ -125,3 +125,49 @@ def test_the_reaper_frees_an_expired_slot_only_while_the_lost_run_still_holds_it
     # Still the taker's: the group's cap of one turns the next claimer away.
     later = claim.claim(third.id, worker="third", clock=frozen_clock, lease=lease)
     assert later.outcome is ClaimOutcome.DEFERRED
+
+
+def test_a_renewal_that_waited_for_its_row_past_the_lease_renews_nothing(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """The renewal asks for its row at T - 1 s and gets it after T, when the next run of
+    its SKIP_IF_RUNNING schedule has started: the lapsed run must not come back to life.
+
+    One thread holds the row (as a fence's lock or a duplicate delivery's claim would), the
+    renewal waits for it; meanwhile the clock passes the lease and the next run is claimed."""
+    schedule = make_schedule(tenant, overlap_policy=OverlapPolicy.SKIP_IF_RUNNING.value)
+    first, second = (
+        make_occurrence(schedule, frozen_clock.now() + timedelta(minutes=i)) for i in range(2)
+    )
+    lease = timedelta(seconds=30)
+    token = claim.claim(first.id, worker="stalled", clock=frozen_clock, lease=lease).fencing_token
+    lease_before = Occurrence.objects.get(pk=first.pk).lease_expires_at
+    frozen_clock.advance(lease - timedelta(seconds=1))
+    locked, renewal_waits, released = threading.Event(), threading.Event(), threading.Event()
+    renewed: list[bool] = []
+    nxt: list[Any] = []
+
+    def hold_the_row() -> None:
+        with transaction.atomic():
+            list(Occurrence.objects.select_for_update().filter(pk=first.pk).values_list("pk"))
+            locked.set()
+            assert released.wait(timeout=20), "the next run was never claimed"
+
+    def renew() -> None:
+        assert locked.wait(timeout=20)
+        assert token is not None
+        renewed.append(
+            finish.renew(first.id, token, clock=frozen_clock, lease=lease, holds_slot=False)
+        )
+
+    def lapse_and_start_the_next_run() -> None:
+        wait_for_a_lock_waiter(locked, renewal_waits)
+        assert renewal_waits.is_set(), "the renewal never waited for the row"
+        frozen_clock.advance(timedelta(seconds=2))  # the stalled run's lease has lapsed
+        nxt.append(claim.claim(second.id, worker="next", clock=frozen_clock, lease=lease))
+        released.set()
+
+    assert run_threads(hold_the_row, renew, lapse_and_start_the_next_run) == []
+    assert nxt[0].outcome is ClaimOutcome.CLAIMED
+    assert renewed == [False]
+    assert Occurrence.objects.get(pk=first.pk).lease_expires_at == lease_before

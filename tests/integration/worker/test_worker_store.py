@@ -88,7 +88,7 @@ def test_expired_lease_is_reclaimed_and_the_stale_worker_is_fenced_out(
     assert new.outcome is ClaimOutcome.CLAIMED
     assert old.fencing_token is not None
     assert new.fencing_token == old.fencing_token + 1
-    assert not finish.renew(occ.id, old.fencing_token, clock=clock, lease=LEASE)
+    assert not finish.renew(occ.id, old.fencing_token, clock=clock, lease=LEASE, holds_slot=False)
     with pytest.raises(errors.StaleWrite, match="token 1 rejected"):
         finish.complete(occ.id, old.fencing_token, "late", clock=clock)
     with pytest.raises(errors.StaleWrite):
@@ -106,12 +106,12 @@ def test_renew_extends_the_lease_only_for_the_current_token(
     token = claim_as(occ, clock).fencing_token
     assert token is not None
     clock.advance(20)
-    assert finish.renew(occ.id, token, clock=clock, lease=LEASE)
+    assert finish.renew(occ.id, token, clock=clock, lease=LEASE, holds_slot=True)
     expected = clock.now() + LEASE
     assert Occurrence.objects.get(pk=occ.pk).lease_expires_at == expected
     assert ConcurrencySlot.objects.get(occurrence_id=occ.id).expires_at == expected
     assert Attempt.objects.get(occurrence=occ).heartbeat_at == clock.now()
-    assert not finish.renew(occ.id, token + 1, clock=clock, lease=LEASE)
+    assert not finish.renew(occ.id, token + 1, clock=clock, lease=LEASE, holds_slot=True)
 
 
 @pytest.mark.parametrize("change", ["version", "cancel"])
@@ -334,8 +334,32 @@ def test_a_lapsed_lease_is_not_renewed_once_its_slot_was_taken(
     assert stalled.fencing_token is not None
     clock.advance(LEASE + timedelta(seconds=1))
     assert claim_as(occ_b, clock).claimed
-    assert not finish.renew(occ_a.id, stalled.fencing_token, clock=clock, lease=LEASE)
+    assert not finish.renew(
+        occ_a.id, stalled.fencing_token, clock=clock, lease=LEASE, holds_slot=True
+    )
     assert not tasks.lease_still_held(stalled, LEASE, clock)
+    assert ConcurrencySlot.objects.get(key="invoices").occurrence_id == occ_b.id
+
+
+def test_a_renewal_that_finds_its_slot_taken_renews_nothing(
+    tenant: Any, clock: FrozenClock
+) -> None:
+    # Two hosts' clocks a little apart, or a heartbeat at its lease's last moment: the
+    # claimer's clock says the slot lapsed and takes it, the holder's still says its lease
+    # is live. The holder must not keep its occurrence alive without its slot.
+    occ_a, occ_b = two_in_one_group(tenant, clock)
+    holder = claim_as(occ_a, clock)
+    assert holder.fencing_token is not None
+    assert holder.slot is not None
+    holders_clock = FrozenClock(clock.now() + LEASE - timedelta(seconds=1))
+    clock.advance(LEASE + timedelta(seconds=1))
+    assert claim_as(occ_b, clock).claimed
+    lease_before = Occurrence.objects.get(pk=occ_a.pk).lease_expires_at
+    assert not finish.renew(
+        occ_a.id, holder.fencing_token, clock=holders_clock, lease=LEASE, holds_slot=True
+    )
+    assert not tasks.lease_still_held(holder, LEASE, holders_clock)
+    assert Occurrence.objects.get(pk=occ_a.pk).lease_expires_at == lease_before
     assert ConcurrencySlot.objects.get(key="invoices").occurrence_id == occ_b.id
 
 
@@ -350,7 +374,9 @@ def test_a_lapsed_lease_is_not_renewed_once_the_next_run_started(
     # The lapsed run no longer counts as running: the next one starts...
     assert claim_as(make_occurrence(schedule, clock.now()), clock).claimed
     # ...so the lapsed one must not come back to life beside it.
-    assert not finish.renew(first.id, stalled.fencing_token, clock=clock, lease=LEASE)
+    assert not finish.renew(
+        first.id, stalled.fencing_token, clock=clock, lease=LEASE, holds_slot=False
+    )
 
 
 def test_cap_of_two_per_schedule(tenant: Any, clock: FrozenClock) -> None:
