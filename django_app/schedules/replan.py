@@ -63,8 +63,9 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
     Without taken times at or after ``start`` that is ``start`` itself (the materializer
     continues from there). Otherwise the span from ``start`` to the last taken time (or to
     ``now`` if later, so the misfire policy sees every late time in one plan) is
-    materialized here, in the caller's transaction, without the taken times; the returned
-    cursor is the first fire time after that span (``None``: no fire time is left).
+    materialized here, in the caller's transaction, without the taken and the skipped
+    times; the returned cursor is the first fire time after that span (``None``: no fire
+    time is left).
     """
     taken = set(
         Occurrence.objects.filter(
@@ -79,11 +80,14 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
     if not taken:
         return start
     until = max(max(taken), now)
+    # The skipped times too: their markers for this version are written after this plan
+    # (the lifecycle's _open_version), so nothing else keeps them out of it.
+    passed_over = taken | {datetime.fromisoformat(t) for t in schedule.skip_times or []}
     cursor: datetime | None = start
     # plan_pass bounds each plan; a long span takes a few (each is small).
     while cursor is not None and cursor <= until:
         plan = _plan(schedule, cursor, now=now, until=until)
-        _write(schedule, _without(plan, taken), now=now)
+        _write(schedule, _without(plan, passed_over), now=now)
         if plan.next_cursor is not None and plan.next_cursor <= cursor:
             break  # no progress (cannot happen with a valid trigger); let the materializer go on
         cursor = plan.next_cursor

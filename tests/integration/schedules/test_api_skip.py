@@ -15,7 +15,7 @@ from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.operations.reconcile import ABSENT, reconcile
 from django_app.relay.batch import relay_due
 from django_app.wiring import materialize_due
-from django_app.worker import claim
+from django_app.worker import claim, finish
 
 pytestmark = pytest.mark.django_db
 
@@ -161,3 +161,32 @@ def test_an_update_drops_a_skip_that_is_no_longer_a_fire_time(clock: FrozenClock
     api.update_schedule(s.id, cron="*/7 * * * *", clock=clock)  # 12:10 no longer fires
     assert Schedule.objects.get(pk=s.id).skip_times == []
     assert not Occurrence.objects.filter(schedule=s, schedule_version=2).exists()
+
+
+T15 = datetime(2026, 3, 1, 12, 15, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("bump", ["update", "resume"])
+def test_a_skip_holds_when_a_new_version_replans_around_a_finished_time(
+    clock: FrozenClock, bump: str
+) -> None:
+    # 12:05 planned and unclaimed, 12:10 skipped, 12:15 already run: the new version
+    # re-plans 12:05 and must step over 12:15 (it ran) and 12:10 (it was skipped), which
+    # it plans itself, before the skip's marker for the new version is written.
+    s = make(clock)
+    materialize_due(clock=clock, horizon=timedelta(minutes=15))
+    api.skip_occurrence(s.id, scheduled_for=T10, clock=clock)
+    finished = Occurrence.objects.get(scheduled_for=T15)
+    ran = claim.claim(finished.id, worker="w", clock=clock)
+    assert ran.fencing_token is not None
+    finish.complete(finished.id, ran.fencing_token, None, clock=clock)
+    if bump == "update":
+        api.update_schedule(s.id, args=[1], clock=clock)
+    else:
+        api.pause_schedule(s.id, clock=clock)
+        api.resume_schedule(s.id, clock=clock)
+    version = Schedule.objects.get(pk=s.id).version
+    at_t10 = Occurrence.objects.filter(schedule=s, scheduled_for=T10, schedule_version=version)
+    assert list(at_t10.values_list("state", flat=True)) == ["CANCELED"]
+    publisher = run_until(clock, T15 + timedelta(minutes=6))
+    assert published_times(publisher) == [T5, datetime(2026, 3, 1, 12, 20, tzinfo=UTC)]
