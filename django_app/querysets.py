@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Q
 
 from celery_scheduler.core.enums import OccurrenceState as S
@@ -81,31 +81,35 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
 
     def update(self, **kwargs: Any) -> int:
         """``UPDATE``; ``next_run_at`` and the columns the cursor row copies are written to
-        the cursor rows of the schedules updated as well."""
+        the cursor rows of the schedules updated as well (one transaction)."""
         # deferred (manager): the models name their managers, defined here
         from django_app.models import CURSOR_COPIES, ScheduleCursor
 
         cursor_value = kwargs.pop("next_run_at", _UNSET)
         if cursor_value is _UNSET and not kwargs.keys() & CURSOR_COPIES:
             return super().update(**kwargs)
-        ids = list(self.order_by().values_list("pk", flat=True))
-        if not ids:
-            return 0
-        rows = self.model._default_manager.filter(pk__in=ids)
-        moved = super(ScheduleQuerySet, rows).update(**kwargs) if kwargs else len(ids)
-        cursor: dict[str, Any] = {}
-        if cursor_value is not _UNSET:
-            cursor["next_run_at"] = cursor_value
-        if "state" in kwargs:
-            cursor["active"] = kwargs["state"] == ScheduleState.ACTIVE.value
-        cursor.update({k: kwargs[k] for k in ("shard", "version") if k in kwargs})
-        # An F() expression (version=F("version") + 1) reads the schedule's new value.
-        for name in ("shard", "version"):
-            if name in cursor and hasattr(cursor[name], "resolve_expression"):
-                cursor[name] = models.Subquery(
-                    rows.filter(pk=models.OuterRef("pk")).values(name)[:1]
-                )
-        ScheduleCursor.objects.filter(pk__in=ids).update(**cursor)
+        with transaction.atomic(savepoint=False):
+            # Locked as read: the updates below name the rows by key, so a row that changed
+            # between this read and them (a lifecycle call held it) is judged by this set's
+            # conditions as it is now, not as it was before the wait.
+            ids = list(self.order_by().select_for_update().values_list("pk", flat=True))
+            if not ids:
+                return 0
+            rows = self.model._default_manager.filter(pk__in=ids)
+            moved = super(ScheduleQuerySet, rows).update(**kwargs) if kwargs else len(ids)
+            cursor: dict[str, Any] = {}
+            if cursor_value is not _UNSET:
+                cursor["next_run_at"] = cursor_value
+            if "state" in kwargs:
+                cursor["active"] = kwargs["state"] == ScheduleState.ACTIVE.value
+            cursor.update({k: kwargs[k] for k in ("shard", "version") if k in kwargs})
+            # An F() expression (version=F("version") + 1) reads the schedule's new value.
+            for name in ("shard", "version"):
+                if name in cursor and hasattr(cursor[name], "resolve_expression"):
+                    cursor[name] = models.Subquery(
+                        rows.filter(pk=models.OuterRef("pk")).values(name)[:1]
+                    )
+            ScheduleCursor.objects.filter(pk__in=ids).update(**cursor)
         return moved
 
     def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:

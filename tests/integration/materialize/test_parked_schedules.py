@@ -11,11 +11,12 @@ the set-based one.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.urls import reverse
 
 from celery_scheduler import api, errors, metrics
@@ -23,6 +24,7 @@ from celery_scheduler.core.clock import FrozenClock
 from django_app.materialize import per_schedule
 from django_app.models import Occurrence, Schedule
 from django_app.wiring import materialize_due
+from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -143,3 +145,35 @@ def test_the_admin_lists_and_filters_parked_schedules_with_their_reason(
     assert ">good<" not in html
     assert "cannot plan the stored timing" in html  # the reason, next to the badge
     assert 'data-state="PARKED"' in html
+
+
+@pytest.mark.concurrent_db
+@pytest.mark.django_db(transaction=True)
+def test_a_park_that_waited_for_a_cancel_leaves_the_schedule_canceled(
+    settings: Any, tenant: Any
+) -> None:
+    """The materializer read the schedule ACTIVE and decided to park it; a cancel held the
+    row meanwhile. The park's conditions (ACTIVE, the version and cursor it read) must be
+    judged on the row as the cancel left it, not on the read before the wait."""
+    settings.CELERY_SCHEDULER = {"validate_task_names": False, "bulk_materialize": False}
+    clock = FrozenClock(NOW)
+    bad = api.create_schedule(
+        tenant="acme", name="bad", task="billing.ping", cron="* * * * *", clock=clock
+    )
+    corrupt(bad)
+    clock.advance(MINUTE)
+    canceled, park_waits = threading.Event(), threading.Event()
+
+    def cancel() -> None:
+        with transaction.atomic():
+            api.cancel_schedule(bad.pk, clock=clock)
+            canceled.set()
+            assert park_waits.wait(timeout=20), "the park never waited for the schedule row"
+
+    def plan() -> None:
+        assert canceled.wait(timeout=20)
+        materialize_due(clock=clock, horizon=timedelta(0))
+
+    assert run_threads(cancel, plan, lambda: wait_for_a_lock_waiter(canceled, park_waits)) == []
+    bad.refresh_from_db()
+    assert bad.state == "CANCELED"
