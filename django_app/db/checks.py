@@ -8,6 +8,11 @@ write lock at BEGIN and waits ``timeout`` seconds for it instead, which is what 
 processes on one file need. WAL (a journal mode) lets readers go on while one process writes;
 the scheduler works without it, only slower, so it is a warning.
 
+MySQL and MariaDB must run READ COMMITTED, Django's choice for them: the claim's overlap,
+quota and waiting-line reads follow the locks they take only when each statement sees the
+latest commits, and at REPEATABLE READ (InnoDB's own default, what ``isolation_level``
+set to another level or to None leaves) they read the transaction's first snapshot.
+
 Beat refuses to start and a worker refuses to claim on an unsafe configuration
 (:class:`errors.UnsafeDatabase`); ``manage.py check`` reports the same as a warning, so that
 ``migrate`` and ``runserver`` still work while the settings are being fixed.
@@ -33,6 +38,29 @@ SQLITE_OPTIONS_HINT = (
     'DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30, '
     '"init_command": "PRAGMA journal_mode=WAL;"}'
 )
+
+
+MYSQL_ENGINES = frozenset(["django.db.backends.mysql"])
+
+MYSQL_OPTIONS_HINT = (
+    'leave DATABASES["default"]["OPTIONS"]["isolation_level"] unset or "read committed"'
+)
+
+
+def mysql_problems(settings_dict: dict[str, Any]) -> list[str]:
+    """What is wrong with one MySQL/MariaDB connection's isolation level for the claims."""
+    if settings_dict.get("ENGINE") not in MYSQL_ENGINES:
+        return []
+    options = settings_dict.get("OPTIONS") or {}
+    level = options.get("isolation_level", "read committed")
+    if str(level or "").lower() == "read committed":
+        return []
+    shown = "the server's default (REPEATABLE READ)" if not level else repr(level)
+    return [
+        f"MySQL/MariaDB must run READ COMMITTED, and OPTIONS isolation_level is {shown}: "
+        "a claim's overlap, quota and waiting-line checks would read a snapshot older "
+        "than the locks they take, and two runs could start where one may"
+    ]
 
 
 def sqlite_problems(settings_dict: dict[str, Any]) -> list[str]:
@@ -65,13 +93,17 @@ def sqlite_problems(settings_dict: dict[str, Any]) -> list[str]:
 @functools.cache
 def require_safe_database(alias: str = "default") -> None:
     """Raise :class:`errors.UnsafeDatabase` if ``alias`` cannot carry the guarantees."""
-    problems = sqlite_problems(connections[alias].settings_dict)
-    if problems:
-        raise errors.UnsafeDatabase(
-            f"the scheduler refuses to run on this database ({alias!r}): "
-            + "; ".join(problems)
-            + f". Set {SQLITE_OPTIONS_HINT} (see docs/howto/troubleshooting.md)."
-        )
+    settings_dict = connections[alias].settings_dict
+    for problems, hint in (
+        (sqlite_problems(settings_dict), f"Set {SQLITE_OPTIONS_HINT}"),
+        (mysql_problems(settings_dict), MYSQL_OPTIONS_HINT.capitalize()),
+    ):
+        if problems:
+            raise errors.UnsafeDatabase(
+                f"the scheduler refuses to run on this database ({alias!r}): "
+                + "; ".join(problems)
+                + f". {hint} (see docs/howto/troubleshooting.md)."
+            )
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -84,6 +116,10 @@ def check_database(
         found.extend(
             checks.Warning(problem, hint=f"Set {SQLITE_OPTIONS_HINT}", id="django_app.W001")
             for problem in sqlite_problems(settings_dict)
+        )
+        found.extend(
+            checks.Warning(problem, hint=MYSQL_OPTIONS_HINT, id="django_app.W003")
+            for problem in mysql_problems(settings_dict)
         )
         if settings_dict.get("ENGINE") in SQLITE_ENGINES:
             init = str((settings_dict.get("OPTIONS") or {}).get("init_command") or "")
