@@ -5,7 +5,8 @@ update) cancels the older versions' unclaimed occurrences. The times of those th
 claimed yet are planned again under the new version; a time that an older version claimed or
 finished (RUNNING, SUCCEEDED, RETRY_WAIT, DEAD, MISSED, SKIPPED_OVERLAP, or CANCELED after a
 claim) is never planned again, whatever the version: its new occurrence would have a new id,
-so the default idempotency key would not dedupe it and the effect would run twice.
+so the default idempotency key would not dedupe it and the effect would run twice. Nor is a
+time that ran and whose row retention deleted since (its ``PrunedHistory``).
 
 The set of times an older version "took" is frozen once the bump commits: a claim locks the
 schedule row and re-checks the version, so nothing of an older version is claimed after it.
@@ -21,11 +22,12 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
+from celery_scheduler.core import timeset
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
 from celery_scheduler.core.policies import PassPlan, plan_pass
 from django_app import conf
 from django_app.materialize import per_schedule as single
-from django_app.models import Occurrence, Schedule
+from django_app.models import Occurrence, PrunedHistory, Schedule
 
 #: An occurrence leaves its time free only if it was canceled before any claim (attempt 0).
 TAKEN = ~Q(state=OccurrenceState.CANCELED.value, attempt_count=0)
@@ -77,6 +79,7 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
         .filter(TAKEN)
         .values_list("scheduled_for", flat=True)
     )
+    taken |= pruned_runs(schedule, start)
     if not taken:
         return start
     until = max(max(taken), now)
@@ -92,6 +95,16 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
             break  # no progress (cannot happen with a valid trigger); let the materializer go on
         cursor = plan.next_cursor
     return cursor
+
+
+def pruned_runs(schedule: Schedule, start: datetime) -> set[datetime]:
+    """The times at or after ``start`` that ran and whose rows retention has deleted since
+    (:class:`PrunedHistory`'s ``ran``): taken like the rows that are still there."""
+    pruned = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
+    if pruned is None or pruned.through < start:
+        return set()
+    lo = timeset.to_int(start)
+    return {timeset.from_int(at) for at in timeset.decode(pruned.ran) if at >= lo}
 
 
 def _plan(schedule: Schedule, cursor: datetime, *, now: datetime, until: datetime) -> PassPlan:

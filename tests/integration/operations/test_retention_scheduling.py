@@ -9,7 +9,7 @@ exactly the same fire times, backfills over pruned history included.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,11 +42,18 @@ Ran = Counter[tuple[str, datetime, bool]]
 
 
 def drive(
-    clock: FrozenClock, days: int, *, prune_days: int | None, on_day: Callable[[int], None]
+    clock: FrozenClock,
+    days: int,
+    *,
+    prune_days: int | None,
+    on_day: Callable[[int], None],
+    lost: Collection[datetime] = (),
 ) -> Ran:
     """Day by day: the day's operations, then around each fire instant materialize, relay,
     and run every published message through the real claim and complete; with
-    ``prune_days`` a prune at that age after each day (the README's daily command)."""
+    ``prune_days`` a prune at that age after each day (the README's daily command). The
+    first message of each fire time in ``lost`` never reaches a worker."""
+    lost = set(lost)
     publisher = RecordingPublisher()
     ran: Ran = Counter()
     seen = 0
@@ -60,6 +67,9 @@ def drive(
             clock.set(fire + timedelta(seconds=1))
             relay_due(clock=clock, publisher=publisher)
             for message in publisher.sent[seen:]:
+                if message.scheduled_for in lost:
+                    lost.discard(message.scheduled_for)
+                    continue
                 result = claim.claim(message.occurrence_id, worker="w", clock=clock)
                 if result.claimed:
                     assert result.fencing_token is not None
@@ -109,6 +119,29 @@ def test_a_run_now_key_still_runs_once_after_its_occurrence_is_pruned() -> None:
     # The answer is the first call's occurrence as retention last saw it.
     (again,) = answers
     assert (again.id, again.state, again.scheduled_for) == (first_id, "SUCCEEDED", START)
+
+
+def test_an_update_after_a_lost_message_runs_no_pruned_time_again() -> None:
+    """A message lost for longer than the retention age (redelivery off): its occurrence
+    stays unclaimed while the next days run and are pruned. An update re-plans from the
+    unclaimed time; the times in between ran (one of them is pruned) and must not run
+    again."""
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *",
+                            misfire_policy="CATCH_UP", clock=clock)  # fmt: skip
+    lost = START + timedelta(hours=9)
+
+    def on_day(day: int) -> None:
+        if day == 4:  # day 1's run is pruned by now (age 2 days); days 2 and 3 are not
+            clock.set(START + day * DAY + timedelta(hours=8))
+            assert not Occurrence.objects.filter(scheduled_for=lost + DAY).exists()
+            api.update_schedule(s.id, args=[1], clock=clock)
+
+    ran = drive(clock, 6, prune_days=2, on_day=on_day, lost={lost})
+
+    assert ran[("report", lost + DAY, False)] == 1, "the pruned run ran again"
+    assert max(ran.values()) == 1, ran
+    assert ran[("report", lost, False)] == 1  # the lost time itself runs, re-planned
 
 
 def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
