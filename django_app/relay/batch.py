@@ -519,9 +519,10 @@ class LookaheadRelay:
         return self._release(held.outbox_id for held in pending)
 
     def _publish_held_batch(self, ids: list[int]) -> RelayReport:
-        now = self.clock.now()
         with relay_transaction(self.settings):
-            rows_qs = OutboxEntry.objects.unsent().filter(id__in=ids).claimable(now, self.token)
+            # Still this relay's claim: a held row the worker side re-opened meanwhile (a
+            # retry's later available_at, its claim cleared) goes out at that time instead.
+            rows_qs = OutboxEntry.objects.unsent().filter(id__in=ids, claimed_by=self.token)
             if _skip_locked():
                 rows_qs = rows_qs.select_for_update(skip_locked=True, of=_of_self())
             else:

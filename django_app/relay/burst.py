@@ -682,7 +682,8 @@ class BurstRelay:
             for piece in in_pieces(outbox_rows, pulse):
                 keyed, keys = key_set(r.scheduled_for for r in piece)
                 ids = array_literal([r.outbox_id for r in piece], "bigint")
-                cur.execute(queries.unsent(keyed=keyed), {"ids": ids, "keys": keys})
+                params = {"ids": ids, "keys": keys, "token": self.token}
+                cur.execute(queries.unsent(keyed=keyed), params)
                 unsent.update(i for (i,) in fetch_pulsing(cur, pulse))
         return versions, unsent
 

@@ -155,10 +155,13 @@ def versions() -> str:
 
 @cache
 def unsent(*, keyed: bool) -> str:
-    """PostgreSQL (burst relay): which of the outbox rows ``ids`` are still unsent."""
+    """PostgreSQL (burst relay): which of the outbox rows ``ids`` are still unsent and still
+    claimed by ``token``. A held row the worker side re-opened meanwhile (a retry's or a
+    deferral's later ``available_at``, its claim cleared) goes out at that time, by whoever
+    claims it then; a row another relay took over is that relay's to send."""
     return (
         f"SELECT id FROM {table(OutboxEntry)} WHERE id = ANY(%(ids)s::bigint[]) "
-        f"AND sent_at IS NULL {_keys(keyed)}"
+        f"AND sent_at IS NULL AND claimed_by = %(token)s {_keys(keyed)}"
     )
 
 

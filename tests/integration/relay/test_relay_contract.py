@@ -35,6 +35,7 @@ from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from django_app.relay.batch import RelayReport
+from django_app.worker import finish
 from tests.contracts import RelayFactory
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -337,3 +338,32 @@ def test_published_rows_are_counted_and_their_lag_observed(relay: RelayFactory) 
     assert sample("state_seconds_sum", tenant="a", state="SCHEDULED") == pytest.approx(
         30 * 60.0, abs=30
     )
+
+
+def test_a_held_row_reopened_for_a_later_time_goes_out_then_not_with_its_wave(
+    relay: RelayFactory,
+) -> None:
+    """While a row waits in its wave, the worker side re-opens it for later (a retry's
+    backoff, a deferral: ``sent_at`` NULL, a later ``available_at``, no claim; here the
+    same write on a row not yet sent). It goes out at its new time, not with the wave."""
+    seed(tenant("a"), NOW, 3)
+    clock = FrozenClock(NOW - timedelta(seconds=10))
+    publisher = TimedPublisher(clock)
+    running = relay(clock, publisher, "n1")
+    while running.poll() is not None and running.next_due_at() is None:
+        clock.advance(0.25)  # until the relay holds the wave (each claims ahead its own way)
+    assert clock.now() < NOW
+    reopened = Occurrence.objects.order_by("scheduled_for").first()
+    assert reopened is not None
+    later = NOW + timedelta(minutes=10)
+    finish.republish(reopened, later)
+    drive(running, clock, until=NOW)
+    assert str(reopened.id) not in publisher.task_ids
+    assert len(publisher.sent) == 2
+    row = OutboxEntry.objects.get(occurrence=reopened)
+    assert (row.sent_at, row.available_at) == (None, later)
+    clock.set(later - timedelta(seconds=10))
+    drive(running, clock, until=later + timedelta(seconds=1))
+    sent_at = [at for at, _, messages in publisher.calls
+               for m in messages if m.task_id == str(reopened.id)]  # fmt: skip
+    assert sent_at == [later]
