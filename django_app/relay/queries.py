@@ -54,9 +54,10 @@ def claim(*, sharded: bool, keyed: bool) -> str:
     batch at a time. Late rows of ``rate_limited`` tenants are left to the general relay,
     which takes them as the tenant's budget allows (claiming them here would re-prepare and
     give back the same rows on every poll while the budget is spent). Holding past that is
-    harmless: the wave locks occurrence rows and re-checks ``sent_at`` before publishing, so
-    an expired claim moves who sends, not how often. ``keyed`` (partitioned tables, where
-    the key is never NULL): the update finds the rows the inner select chose by their key.
+    harmless: the wave locks occurrence rows and re-checks ``sent_at`` and the claim before
+    publishing, so an expired claim moves who sends, not how often. ``keyed`` (partitioned
+    tables, where the key is never NULL): the update finds the rows the inner select chose
+    by their key.
 
     The rows come back in the order they were chosen, ``(available_at, -priority, id)``:
     the relay keeps that order among the rows of one instant (SPEC, "The single-node
