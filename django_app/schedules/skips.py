@@ -3,7 +3,8 @@
 A skip is recorded twice, in the caller's transaction under the schedule row lock:
 
 - in ``Schedule.skip_times`` (UTC ISO strings), so that it survives version changes: every
-  version the lifecycle opens re-marks the skipped times that are still ahead;
+  version the lifecycle opens re-marks the skipped times from where it starts, and a
+  re-plan of the span before that passes over them;
 - as a CANCELED occurrence with the deterministic id of (schedule, live version, time) and
   the reason ``skipped by operator[: note]``. Both materializers insert with
   ``ON CONFLICT DO NOTHING`` and write an outbox row only for rows they created, so that
@@ -75,10 +76,10 @@ def skip_occurrence(
                 field="scheduled_for",
             )
         if key not in (schedule.skip_times or []):
-            cursor = schedule.next_run_at
-            # Times behind the cursor are materialized already (their row decides).
-            kept = [t for t in schedule.skip_times or [] if cursor is None or t >= skip_key(cursor)]
-            schedule.skip_times = sorted({*kept, key})
+            # The earlier skips stay, behind the cursor too: a new version may re-plan from
+            # before them (an unclaimed time), and its marker rows are only the old
+            # version's. The lifecycle drops those before the version it opens.
+            schedule.skip_times = sorted({*(schedule.skip_times or []), key})
             schedule.save(update_fields=["skip_times", "updated_at"])
         if occurrence is None and schedule.state == ScheduleState.ACTIVE:
             _mark(schedule, target, reason, now)

@@ -190,3 +190,23 @@ def test_a_skip_holds_when_a_new_version_replans_around_a_finished_time(
     assert list(at_t10.values_list("state", flat=True)) == ["CANCELED"]
     publisher = run_until(clock, T15 + timedelta(minutes=6))
     assert published_times(publisher) == [T5, datetime(2026, 3, 1, 12, 20, tzinfo=UTC)]
+
+
+@pytest.mark.parametrize("bump", ["update", "resume"])
+def test_a_later_skip_keeps_an_earlier_one_through_a_new_version(
+    clock: FrozenClock, bump: str
+) -> None:
+    # Both times planned before they were skipped (the cursor is past them): the second
+    # skip must not forget the first, which the new version's re-plan from 12:05 needs.
+    s = make(clock)
+    materialize_due(clock=clock, horizon=timedelta(minutes=15))
+    api.skip_occurrence(s.id, scheduled_for=T10, clock=clock)
+    api.skip_occurrence(s.id, scheduled_for=T15, clock=clock)
+    assert Schedule.objects.get(pk=s.id).skip_times == [T10.isoformat(), T15.isoformat()]
+    if bump == "update":
+        api.update_schedule(s.id, args=[1], clock=clock)
+    else:
+        api.pause_schedule(s.id, clock=clock)
+        api.resume_schedule(s.id, clock=clock)
+    publisher = run_until(clock, T15 + timedelta(minutes=5, seconds=30))
+    assert published_times(publisher) == [T5, T15 + timedelta(minutes=5)]
