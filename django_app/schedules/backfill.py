@@ -32,6 +32,12 @@ tenant queue behind each other; without a rate, all at once. The relay then publ
 like any due row (fair order, ``max_trigger_rate``), and the claim applies the overlap
 policy given here (default: the schedule's) and ``max_running``.
 
+Not ahead of the schedule. On an ACTIVE schedule the range must end at its cursor: the
+times from there on are the beats' to plan (behind ``now`` only after an outage) by the
+misfire policy, and backfilled too they would run twice (``ValidationError`` on ``end``).
+A paused or parked schedule may be backfilled over its whole past: the version that
+resumes it counts backfilled times as taken (:mod:`django_app.schedules.replan`).
+
 Bounds. ``end`` must not be in the future, and one call covers at most
 ``MAX_FIRE_TIMES`` fire times (``ValidationError`` on ``end`` beyond that: split the range).
 Everything is one transaction under the schedule row lock.
@@ -103,6 +109,7 @@ def backfill(
                 f"schedule {schedule.id} is CANCELED; a canceled schedule cannot be backfilled"
             )
         times = _fire_times(schedule, lo, hi)
+        _refuse_unplanned(schedule, times)
         done = set(
             Occurrence.objects.filter(
                 schedule=schedule, scheduled_for__gte=lo, scheduled_for__lt=hi
@@ -153,6 +160,24 @@ def _pruned_left_out(
     ran = timeset.members(pruned.ran, inside)
     backfilled = timeset.members(pruned.backfilled, inside)
     return {inside[v] for v in ran}, {inside[v] for v in backfilled}
+
+
+def _refuse_unplanned(schedule: Schedule, times: list[datetime]) -> None:
+    """Refuse the times an ACTIVE schedule has still to plan itself (at or after its cursor:
+    behind after an outage): its beats plan them by the misfire policy, and run also as
+    backfills they would run twice. A paused or parked schedule's re-plan leaves out the
+    times backfilled meanwhile (:mod:`django_app.schedules.replan`)."""
+    cursor = schedule.next_run_at
+    if schedule.state != ScheduleState.ACTIVE or cursor is None or not times:
+        return
+    if times[-1] >= cursor:
+        raise errors.ValidationError(
+            f"the schedule has not planned its fire times from {cursor.isoformat()} on yet "
+            f"(its beats plan them by its misfire policy; backfilled too, they would run "
+            f"twice); backfill up to {cursor.isoformat()}, or once the beats have planned "
+            "them (the times they missed can be backfilled then)",
+            field="end",
+        )
 
 
 def _refuse_unknown(pruned: PrunedHistory | None, wanted: list[datetime]) -> None:

@@ -6,7 +6,8 @@ claimed yet are planned again under the new version; a time that an older versio
 finished (RUNNING, SUCCEEDED, RETRY_WAIT, DEAD, MISSED, SKIPPED_OVERLAP, or CANCELED after a
 claim) is never planned again, whatever the version: its new occurrence would have a new id,
 so the default idempotency key would not dedupe it and the effect would run twice. Nor is a
-time that ran and whose row retention deleted since (its ``PrunedHistory``).
+time that was backfilled (a version-0 row), or that ran or was backfilled and whose row
+retention deleted since (its ``PrunedHistory``).
 
 The set of times an older version "took" is frozen once the bump commits: a claim locks the
 schedule row and re-checks the version, so nothing of an older version is claimed after it.
@@ -28,6 +29,7 @@ from celery_scheduler.core.policies import PassPlan, plan_pass
 from django_app import conf
 from django_app.materialize import per_schedule as single
 from django_app.models import Occurrence, PrunedHistory, Schedule
+from django_app.schedules.backfill import BACKFILL_VERSION
 
 #: An occurrence leaves its time free only if it was canceled before any claim (attempt 0).
 TAKEN = ~Q(state=OccurrenceState.CANCELED.value, attempt_count=0)
@@ -71,9 +73,9 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
     """
     taken = set(
         Occurrence.objects.filter(
+            Q(manual=False) | Q(schedule_version=BACKFILL_VERSION),
             schedule=schedule,
             schedule_version__lt=schedule.version,
-            manual=False,
             scheduled_for__gte=start,
         )
         .filter(TAKEN)
@@ -98,13 +100,14 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
 
 
 def pruned_runs(schedule: Schedule, start: datetime) -> set[datetime]:
-    """The times at or after ``start`` that ran and whose rows retention has deleted since
-    (:class:`PrunedHistory`'s ``ran``): taken like the rows that are still there."""
+    """The times at or after ``start`` that ran or were backfilled and whose rows retention
+    has deleted since (:class:`PrunedHistory`): taken like the rows that are still there."""
     pruned = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
     if pruned is None or pruned.through < start:
         return set()
     lo = timeset.to_int(start)
-    return {timeset.from_int(at) for at in timeset.decode(pruned.ran) if at >= lo}
+    kept = [*timeset.decode(pruned.ran), *timeset.decode(pruned.backfilled)]
+    return {timeset.from_int(at) for at in kept if at >= lo}
 
 
 def _plan(schedule: Schedule, cursor: datetime, *, now: datetime, until: datetime) -> PassPlan:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from celery_scheduler.publishers import RecordingPublisher
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.operations.reconcile import reconcile
 from django_app.relay.batch import relay_due
+from django_app.wiring import materialize_due
 from django_app.worker import claim
 from django_app.worker.claim import ClaimOutcome
 
@@ -163,3 +165,43 @@ def test_backfill_is_scoped_to_the_tenant(clock: FrozenClock, tenant_factory: An
     with pytest.raises(errors.ScheduleNotFound):
         api.backfill(s.id, START, END, tenant="b", clock=clock)
     assert not Occurrence.objects.exists()
+
+
+def at(hour: int, minute: int) -> datetime:
+    return datetime(2026, 3, 1, hour, minute, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("policy", ["CATCH_UP", "FIRE_ONCE"])
+def test_a_resume_does_not_run_again_what_a_backfill_ran_while_paused(
+    clock: FrozenClock, policy: str
+) -> None:
+    s = make(clock, misfire_policy=policy)
+    api.pause_schedule(s.id, clock=clock)
+    clock.set(at(12, 31))
+    assert len(api.backfill(s.id, at(12, 5), at(12, 30), clock=clock).created) == 5
+    api.resume_schedule(s.id, clock=clock)
+    publisher = RecordingPublisher()
+    for _ in range(6):  # up to 12:36: the resumed schedule plans what it catches up, then 12:35
+        materialize_due(clock=clock, horizon=timedelta(0))
+        relay_due(clock=clock, publisher=publisher)
+        clock.advance(60)
+    runs = Counter(m.scheduled_for for m in publisher.sent)
+    assert max(runs.values()) == 1, runs
+    assert set(runs) == {at(12, m) for m in (5, 10, 15, 20, 25, 30, 35)}
+
+
+def test_a_backfill_refuses_times_an_active_schedule_has_not_planned_yet(
+    clock: FrozenClock,
+) -> None:
+    # The beats were down from 12:05 to 12:31: the schedule still has those times to plan
+    # (by its misfire policy, CATCH_UP here). Backfilled too, they would run twice.
+    s = make(clock, misfire_policy="CATCH_UP")
+    materialize_due(clock=clock, horizon=timedelta(0))
+    clock.set(at(12, 31))
+    with pytest.raises(errors.ValidationError) as info:
+        api.backfill(s.id, at(11, 50), at(12, 30), clock=clock)
+    assert info.value.field == "end"
+    assert "12:05" in str(info.value)
+    assert not backfilled(s)
+    # Up to the cursor it goes through; once planned, the times the policy missed can be.
+    assert len(api.backfill(s.id, at(11, 50), at(12, 5), clock=clock).created) == 3
