@@ -416,7 +416,8 @@ def drop_detached(lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> list[str]:
     """Drop the slots a retention round detached and did not get to drop (its process died
     in between, or the drop's lock was not granted in time): tables named as a slot of the
     partitioned tables that are no partition."""
-    pattern = "^(" + "|".join(re.escape(t) for t in tables()) + ")_p[0-9]{8}([0-9]{2})?$"
+    # slot_name: the day, and the hour and minute of a slot narrower than a day.
+    pattern = "^(" + "|".join(re.escape(t) for t in tables()) + ")_p[0-9]{8}([0-9]{4})?$"
     with connection.cursor() as cur:
         cur.execute(sql.DETACHED_TABLES, {"pattern": pattern})
         names = [name for (name,) in cur.fetchall()]
