@@ -434,6 +434,10 @@ def update_schedule(
             )
             _close_version(schedule, closed_at)
             _open_version(schedule, min(now, start or now))
+        elif schedule.state == ScheduleState.PAUSED and trigger_changed:
+            # The new trigger applies from now on: a resume catches up (by the misfire
+            # policy) its times after this update, never the ones before it.
+            schedule.next_run_at = first_run(spec, schedule.start_at, now)
         schedule.save()
         return LifecycleResult(
             schedule=schedule, version=schedule.version, state=schedule.state, **result

@@ -308,3 +308,27 @@ def test_replanned_late_catch_up_time_takes_the_tenants_catch_up_budget(
     assert rows[at(12, 1)] == [(1, "SUCCEEDED")]
     assert all(len(v) == 1 for v in rows.values()), rows
     assert_reconciles(schedule, at(11, 59), at(12, 4), now=clock.now())
+
+
+def test_a_paused_schedules_new_expression_applies_from_the_update_on() -> None:
+    """Hourly at :00, paused at 10:30 (its cursor 11:00); at 12:20 the expression becomes
+    :30; resumed at 12:40 with CATCH_UP. The new expression's times before the update
+    (11:30) were never this schedule's: only 12:30 is caught up, then 13:30."""
+    t = datetime(2026, 3, 1, 10, 0, 30, tzinfo=UTC)
+    clock = FrozenClock(t)
+    s = api.create_schedule(name="r", task="billing.ping", cron="0 * * * *",
+                            misfire_policy="CATCH_UP", clock=clock)  # fmt: skip
+    clock.set(t.replace(minute=30))
+    api.pause_schedule(s.id, clock=clock)
+    clock.set(t.replace(hour=12, minute=20))
+    api.update_schedule(s.id, cron="30 * * * *", clock=clock)
+    clock.set(t.replace(hour=12, minute=40))
+    api.resume_schedule(s.id, clock=clock)
+    for _ in range(60):
+        materialize_due(clock=clock, horizon=timedelta(0))
+        clock.advance(60)
+    planned = Occurrence.objects.filter(schedule_id=s.id, state="SCHEDULED")
+    assert sorted(planned.values_list("scheduled_for", flat=True)) == [
+        datetime(2026, 3, 1, 12, 30, tzinfo=UTC),
+        datetime(2026, 3, 1, 13, 30, tzinfo=UTC),
+    ]
