@@ -100,7 +100,8 @@ def _next_unrun(schedule: Schedule) -> datetime:
         )
     pending = (
         Occurrence.objects.unclaimed()
-        .filter(schedule=schedule, schedule_version=schedule.version, manual=False)
+        # attempt 0: a run waiting to retry (RETRY_WAIT) was claimed, it is not "next".
+        .filter(schedule=schedule, schedule_version=schedule.version, manual=False, attempt_count=0)
         .order_by("scheduled_for")
         .values_list("scheduled_for", flat=True)
         .first()

@@ -210,3 +210,17 @@ def test_a_later_skip_keeps_an_earlier_one_through_a_new_version(
         api.resume_schedule(s.id, clock=clock)
     publisher = run_until(clock, T15 + timedelta(minutes=5, seconds=30))
     assert published_times(publisher) == [T5, T15 + timedelta(minutes=5)]
+
+
+def test_skip_next_passes_over_a_run_waiting_to_retry(clock: FrozenClock) -> None:
+    # 12:05 ran and failed, its retry waits: it was claimed, so "next" is 12:10.
+    s = make(clock)
+    materialize_due(clock=clock, horizon=timedelta(minutes=10))
+    failed = Occurrence.objects.get(scheduled_for=T5)
+    clock.set(T5)
+    ran = claim.claim(failed.id, worker="w", clock=clock)
+    assert ran.fencing_token is not None
+    finish.fail(failed.id, ran.fencing_token, "boom", retry_at=T5 + timedelta(minutes=1),
+                clock=clock)  # fmt: skip
+    assert api.skip_occurrence(s.id, clock=clock).scheduled_for == T10
+    assert Occurrence.objects.get(pk=failed.pk).state == "RETRY_WAIT"
