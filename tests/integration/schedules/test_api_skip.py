@@ -22,6 +22,7 @@ pytestmark = pytest.mark.django_db
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 T5 = datetime(2026, 3, 1, 12, 5, tzinfo=UTC)
 T10 = datetime(2026, 3, 1, 12, 10, tzinfo=UTC)
+T15 = datetime(2026, 3, 1, 12, 15, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -163,7 +164,13 @@ def test_an_update_drops_a_skip_that_is_no_longer_a_fire_time(clock: FrozenClock
     assert not Occurrence.objects.filter(schedule=s, schedule_version=2).exists()
 
 
-T15 = datetime(2026, 3, 1, 12, 15, tzinfo=UTC)
+def new_version(s: Schedule, clock: FrozenClock, bump: str) -> None:
+    """A new version by an update that keeps the timing, or by a pause and resume."""
+    if bump == "update":
+        api.update_schedule(s.id, args=[1], clock=clock)
+    else:
+        api.pause_schedule(s.id, clock=clock)
+        api.resume_schedule(s.id, clock=clock)
 
 
 @pytest.mark.parametrize("bump", ["update", "resume"])
@@ -180,11 +187,7 @@ def test_a_skip_holds_when_a_new_version_replans_around_a_finished_time(
     ran = claim.claim(finished.id, worker="w", clock=clock)
     assert ran.fencing_token is not None
     finish.complete(finished.id, ran.fencing_token, None, clock=clock)
-    if bump == "update":
-        api.update_schedule(s.id, args=[1], clock=clock)
-    else:
-        api.pause_schedule(s.id, clock=clock)
-        api.resume_schedule(s.id, clock=clock)
+    new_version(s, clock, bump)
     version = Schedule.objects.get(pk=s.id).version
     at_t10 = Occurrence.objects.filter(schedule=s, scheduled_for=T10, schedule_version=version)
     assert list(at_t10.values_list("state", flat=True)) == ["CANCELED"]
@@ -203,11 +206,7 @@ def test_a_later_skip_keeps_an_earlier_one_through_a_new_version(
     api.skip_occurrence(s.id, scheduled_for=T10, clock=clock)
     api.skip_occurrence(s.id, scheduled_for=T15, clock=clock)
     assert Schedule.objects.get(pk=s.id).skip_times == [T10.isoformat(), T15.isoformat()]
-    if bump == "update":
-        api.update_schedule(s.id, args=[1], clock=clock)
-    else:
-        api.pause_schedule(s.id, clock=clock)
-        api.resume_schedule(s.id, clock=clock)
+    new_version(s, clock, bump)
     publisher = run_until(clock, T15 + timedelta(minutes=5, seconds=30))
     assert published_times(publisher) == [T5, T15 + timedelta(minutes=5)]
 
