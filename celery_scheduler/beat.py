@@ -211,6 +211,10 @@ class DatabaseScheduler(beat.Scheduler):
         self._stamp_progress()
         return self._sleep_time()
 
+    def _in_step(self) -> bool:
+        """Whether the loop is inside a step now (read by the lease keeper's thread)."""
+        return self._busy
+
     def _stamp_progress(self) -> None:
         """Record that the loop finished a step (``scheduler_status --liveness`` reads it).
 
@@ -535,7 +539,7 @@ class DatabaseScheduler(beat.Scheduler):
             return None
         if self._leaser is None:
             self._leaser, self._keeper = self.backend.new_shard_leases(
-                self.node, self.clock, keeper=self.lease_keeper
+                self.node, self.clock, keeper=self._in_step if self.lease_keeper else None
             )
             self._next_strand_check = self.clock.monotonic() + STRAND_CHECK_INTERVAL
         elif self.clock.monotonic() >= self._next_strand_check:

@@ -258,11 +258,12 @@ class Backend(Protocol):
         ...
 
     def new_shard_leases(
-        self, node: str, clock: Clock, *, keeper: bool
+        self, node: str, clock: Clock, *, keeper: Callable[[], bool] | None
     ) -> tuple[ShardLeases, Stoppable | None]:
-        """This node's leases (holding none yet), and (``keeper``) a started thread
-        renewing them while a step runs long, which the caller stops; raises
-        :class:`errors.ShardCountMismatch` when rows are stored beyond the shard count."""
+        """This node's leases (holding none yet), and (``keeper``: whether the loop is
+        inside a step now) a started thread renewing them while a step runs long, which
+        the caller stops; raises :class:`errors.ShardCountMismatch` when rows are stored
+        beyond the shard count."""
         ...
 
     def check_shard_count(self, shard_count: int) -> None:

@@ -17,7 +17,7 @@ wiring a project does. The choices made here and nowhere else:
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from http.server import ThreadingHTTPServer
 
@@ -142,16 +142,16 @@ class DjangoBackend:
         return relay
 
     def new_shard_leases(
-        self, node: str, clock: Clock, *, keeper: bool
+        self, node: str, clock: Clock, *, keeper: Callable[[], bool] | None
     ) -> tuple[ShardLeases, Stoppable | None]:
         cfg = self.settings()
         leaser = ShardLeaser(
             node, clock=clock, shard_count=cfg.shard_count, lease_seconds=cfg.lease_seconds
         )
         reshard.check(leaser.shard_count)  # refuses to start (ShardCountMismatch)
-        if not keeper:
+        if keeper is None:
             return leaser, None
-        renewer = LeaseKeeper(leaser)
+        renewer = LeaseKeeper(leaser, in_step=keeper)
         renewer.start()
         return leaser, renewer
 

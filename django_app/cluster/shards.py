@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import reduce
 from operator import or_
@@ -315,13 +316,16 @@ class LeaseKeeper:
 
     The beat loop refreshes its leases between steps, but one step can last longer than a
     lease: a burst wave holds its transaction from before its instant until the broker
-    accepted it. Whenever the loop has not renewed for half a refresh interval, this thread
-    renews (heartbeat + renew only: acquiring and releasing stay with the loop), so a long
-    step never costs the node its shards.
+    accepted it. Whenever the loop, inside a step (``in_step``), has not renewed for half a
+    refresh interval, this thread renews (heartbeat + renew only: acquiring and releasing
+    stay with the loop), so a long step never costs the node its shards. Between steps it
+    leaves them to the loop: a loop whose every step fails before its lease refresh (a
+    broker this node cannot reach) lets them lapse, and other beats take them over.
     """
 
-    def __init__(self, leaser: ShardLeaser) -> None:
+    def __init__(self, leaser: ShardLeaser, in_step: Callable[[], bool]) -> None:
         self.leaser = leaser
+        self.in_step = in_step
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"{leaser.node} lease keeper", daemon=True
@@ -339,7 +343,7 @@ class LeaseKeeper:
         leaser = self.leaser
         every = leaser.refresh_interval / 2
         while not self._stop.wait(every / 2):
-            if leaser.clock.monotonic() - leaser.last_renewed < every:
+            if not self.in_step() or leaser.clock.monotonic() - leaser.last_renewed < every:
                 continue
             try:
                 leaser.renew()
