@@ -143,9 +143,16 @@ class Bucket:
         return Bucket(tokens=min(float(rate), self.tokens + elapsed * rate), at=max(now, self.at))
 
     def take(self, rate: int, wanted: int, now: datetime) -> tuple[int, Bucket]:
-        """Take up to ``wanted`` whole tokens at ``now``; returns (granted, new state)."""
+        """Take up to ``wanted`` whole tokens at ``now``; returns (granted, new state).
+
+        A bucket dated after ``now`` (a burst wave took its tokens as of its instant, still
+        ahead; another node's clock is ahead) holds the refill up to that time, which is not
+        there yet at ``now``: that much is not offered, so no taker in between spends it
+        before it exists.
+        """
         bucket = self.refilled(rate, now)
-        granted = max(min(wanted, math.floor(bucket.tokens)), 0)
+        not_yet = max((bucket.at - now).total_seconds(), 0.0) * rate
+        granted = max(min(wanted, math.floor(bucket.tokens - not_yet)), 0)
         return granted, Bucket(tokens=bucket.tokens - granted, at=bucket.at)
 
     def give_back(self, rate: int, count: int) -> Bucket:

@@ -15,8 +15,10 @@ lock, so the read that follows cannot be stale. Either way the lock lasts until 
 caller's transaction ends, and a rolled-back batch gives its budget back with it.
 
 Time comes from the caller (the injected clock). Processes with skewed clocks cannot
-inflate a budget: a bucket never refills for a time before its stored ``at``, and a
-catch-up slot is never earlier than the stored next slot.
+inflate a budget: a bucket never refills for a time before its stored ``at``, a taker
+dated before that ``at`` (a burst wave took its tokens as of its instant, still ahead, or
+that node's clock is ahead) is not offered the refill up to it, and a catch-up slot is
+never earlier than the stored next slot.
 """
 
 from __future__ import annotations

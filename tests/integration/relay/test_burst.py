@@ -15,7 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from django.db import connection
+from django.db import connection, transaction
 
 from celery_scheduler.core import ids as core_ids
 from celery_scheduler.core.clock import FrozenClock, SystemClock
@@ -34,6 +34,7 @@ from django_app import conf
 from django_app.materialize.set_based import materialize_due_bulk
 from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion, Tenant
 from django_app.relay.burst import BurstRelay
+from django_app.tenancy import budget
 from tests.integration.relay.test_relay_contract import TimedPublisher
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -273,3 +274,52 @@ def test_publish_held_gives_the_beat_loop_a_turn_between_waves() -> None:
     assert due <= clock.now()  # so the loop does not sleep before it
     drive(relay, clock)
     assert len(publisher.sent) == 15
+
+
+class TurnDuringTheHold(FrozenClock):
+    """A frozen clock whose first sleep (a wave holding for its instant) first gives
+    another relay its turn, at the time the hold began."""
+
+    def __init__(self, start: datetime, turn: Callable[[datetime], None]) -> None:
+        super().__init__(start)
+        self.turn: Callable[[datetime], None] | None = turn
+
+    def sleep(self, seconds: float) -> None:
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            turn(self.now())
+        super().sleep(seconds)
+
+
+def test_a_wave_takes_its_tenants_trigger_tokens_as_of_now_not_of_its_instant() -> None:
+    """While a wave holds for its instant, another relay takes the same tenant's tokens (a
+    rate-limited tenant's late rows go through the general path). Both must find the
+    bucket as it is at their own time: a wave that took its tokens as of its instant, a
+    second ahead, credited that second's refill early, and the other relay spent it too."""
+    taken: list[int] = []
+
+    def take(at: datetime) -> int:
+        with transaction.atomic():
+            return budget.take_trigger({rated.id: 10}, {rated.id: 10}, at)[rated.id]
+
+    clock = TurnDuringTheHold(NOW - timedelta(seconds=20), lambda at: taken.append(take(at)))
+    seed(clock, [(NOW, 1)])
+    rated = Tenant.objects.get(slug="default")
+    rated.max_trigger_rate = 10
+    rated.save(update_fields=["max_trigger_rate"])
+    publisher = TimedPublisher(clock)
+    relay = BurstRelay(clock=clock, publisher=publisher, node="n1", lookahead=timedelta(30))
+    relay.poll()
+    opens = relay.next_due_at()
+    assert opens is not None
+    assert opens < NOW
+    clock.set(opens)
+    assert take(opens) == 10  # the bucket, full, spent at the wave's opening
+    relay.publish_held()
+    if not taken:  # the wave held nothing (its row over budget): the other relay's turn now
+        taken.append(take(opens))
+    in_the_wave = len(publisher.sent)
+    # At the opening, just spent: nothing more then (the bound at one instant is the
+    # bucket, 10); the wave's row goes out at its instant, a second of refill later.
+    assert taken == [0], (in_the_wave, taken)
+    assert in_the_wave == 1
