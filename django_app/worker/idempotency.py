@@ -186,13 +186,14 @@ def _store_fenced(
         "result": None if result is None else json.dumps(result),  # JSON null: SQL NULL
         "tenant": namespace["tenant_id"], "task_name": namespace["task_name"],
         "key": namespace["key"], "id": occurrence_id, "token": token,
-        "running": OccurrenceState.RUNNING.value, "now": clock.now(),
-        "scheduled_for": scheduled_for,
+        "running": OccurrenceState.RUNNING.value, "scheduled_for": scheduled_for,
     }  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    return row is not None and int(row[1]) == 1
+    # The time once the row is locked: a fence that waited for it (a duplicate delivery's
+    # claim held it) judges the lease as of its commit, not of its request.
+    return row is not None and row[1] is not None and row[1] > clock.now()
 
 
 def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
@@ -209,17 +210,14 @@ def _require_current_claim(occurrence_id: str | None, task_name: str) -> None:
     if occurrence_id is None or fence is None:
         return  # not a scheduled run (.delay(), a direct call): nothing to fence against
     token, clock = fence
-    current = (
+    lease = (
         Occurrence.objects.select_for_update()
-        .filter(
-            pk=occurrence_id,
-            fencing_token=token,
-            state=OccurrenceState.RUNNING.value,
-            lease_expires_at__gt=clock.now(),
-        )
-        .exists()
+        .filter(pk=occurrence_id, fencing_token=token, state=OccurrenceState.RUNNING.value)
+        .values_list("lease_expires_at", flat=True)
+        .first()
     )
-    if not current:
+    # The time once the row is locked (as on PostgreSQL, _store_fenced).
+    if lease is None or lease <= clock.now():
         _refuse_stale_effect(occurrence_id, task_name, fence)
 
 

@@ -44,8 +44,10 @@ def insert_key() -> str:
 
 
 def store_fenced(*, tenant_is_null: bool, keyed: bool = False) -> str:
-    """PostgreSQL: store an idempotent task's result and lock its occurrence row if the claim
-    is still current, in one statement; returns (records updated, occurrence rows locked).
+    """PostgreSQL: store an idempotent task's result and lock its occurrence row if it is
+    still RUNNING under the claim's token, in one statement; returns (records updated, the
+    locked row's ``lease_expires_at`` or NULL). The caller judges the lease with the time
+    it reads once the statement returned: a lock wait must not age the check.
 
     The record is this transaction's own insert (nobody else can hold it), so the order of
     the update and the fence's lock does not matter. ``keyed``: the occurrence is looked up
@@ -59,10 +61,9 @@ WITH stored AS (
     WHERE {tenant} AND task_name = %(task_name)s AND key = %(key)s
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM stored), count(*) FROM (
-    SELECT 1 FROM {table(Occurrence)}
+SELECT (SELECT count(*) FROM stored), max(fence.lease_expires_at) FROM (
+    SELECT lease_expires_at FROM {table(Occurrence)}
     WHERE id = %(id)s{key} AND fencing_token = %(token)s AND state = %(running)s
-        AND lease_expires_at > %(now)s
     FOR UPDATE
 ) AS fence
 """

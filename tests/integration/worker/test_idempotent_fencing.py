@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 
 from celery_scheduler import errors, idempotent_task
-from celery_scheduler.core.clock import SYSTEM_CLOCK
+from celery_scheduler.core.clock import SYSTEM_CLOCK, FrozenClock
 from celery_scheduler.tasks import occurrence_context
 from django_app.models import IdempotencyRecord, Occurrence
 from django_app.worker import claim, finish
 from example_project.billing.models import Invoice
+from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 app = Celery("fencing-tests", set_as_current=False)
@@ -112,3 +113,47 @@ def test_a_stalled_worker_woken_after_a_takeover_rolls_its_effect_back(tenant: A
     other.join(10)
     assert not Invoice.objects.filter(customer="stalled").exists()
     assert Occurrence.objects.get(pk=occ.pk).lease_owner == "w2"
+
+
+@pytest.mark.concurrent_db
+@pytest.mark.django_db(transaction=True)
+def test_a_fence_that_waited_for_its_row_past_the_lease_rolls_the_effect_back(
+    tenant: Any,
+) -> None:
+    """The body is done with a second of its lease left; its fence waits for the row (a
+    duplicate delivery's claim holds it), and the lease lapses meanwhile (claims stop
+    counting the run, its slot may be taken). The effect must roll back: the fence judges
+    the lease once it holds the row, not when it asked for it."""
+    clock = FrozenClock(SYSTEM_CLOCK.now())
+    occ = make_occurrence(make_schedule(tenant), clock.now())
+    token = claim.claim(occ.id, worker="w1", clock=clock, lease=timedelta(seconds=30)).fencing_token
+    assert token is not None
+    clock.advance(29)
+    locked, fence_waits, released = threading.Event(), threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def hold_the_row() -> None:
+        with transaction.atomic():
+            list(Occurrence.objects.select_for_update().filter(pk=occ.pk).values_list("pk"))
+            locked.set()
+            assert released.wait(timeout=20), "the lease never lapsed"
+
+    def body_then_fence() -> None:
+        assert locked.wait(timeout=20)
+        with occurrence_context(str(occ.id), tenant_id=occ.tenant_id, fencing_token=token,
+                                clock=clock):  # fmt: skip
+            try:
+                fenced_invoice("late")
+                outcome.append("committed")
+            except errors.StaleWrite:
+                outcome.append("rolled back")
+
+    def lapse() -> None:
+        wait_for_a_lock_waiter(locked, fence_waits)
+        assert fence_waits.is_set(), "the fence never waited for the row"
+        clock.advance(2)
+        released.set()
+
+    assert run_threads(hold_the_row, body_then_fence, lapse) == []
+    assert outcome == ["rolled back"]
+    assert not Invoice.objects.filter(customer="late").exists()
