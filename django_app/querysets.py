@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import F, Q
 
 from celery_scheduler.core.enums import OccurrenceState as S
@@ -92,7 +92,10 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             # Locked as read: the updates below name the rows by key, so a row that changed
             # between this read and them (a lifecycle call held it) is judged by this set's
             # conditions as it is now, not as it was before the wait.
-            ids = list(self.order_by().select_for_update().values_list("pk", flat=True))
+            # OF the schedule alone where the database has OF: a filter on a missing cursor
+            # (``next_run_at=None``) joins it outer, and its nullable side cannot be locked.
+            of = ("self",) if connections[self.db].features.has_select_for_update_of else ()
+            ids = list(self.order_by().select_for_update(of=of).values_list("pk", flat=True))
             if not ids:
                 return 0
             rows = self.model._default_manager.filter(pk__in=ids)

@@ -100,3 +100,17 @@ def test_list_filters_and_order_read_the_cursor_row() -> None:
     ] == [NOW + 4 * MINUTE, NOW + 3 * MINUTE]
     ordered = Schedule.objects.order_by("-cursor__next_run_at").values_list("name", flat=True)
     assert list(ordered) == ["s3", "s2", "s1", "s0"]
+
+
+def test_an_update_of_the_cursor_copies_may_filter_on_a_missing_cursor_time() -> None:
+    """The update locks the rows it reads (the schedule's: a filter on ``next_run_at=None``
+    joins the cursor outer, and PostgreSQL cannot lock the nullable side of that join)."""
+    clock = FrozenClock(NOW)
+    s = api.create_schedule(name="once", task="billing.ping", run_at=NOW + timedelta(minutes=1),
+                            clock=clock)  # fmt: skip
+    ScheduleCursor.objects.filter(pk=s.id).update(next_run_at=None)
+    done = Schedule.objects.filter(pk=s.id, cursor__next_run_at__isnull=True).update(
+        state="COMPLETED"
+    )
+    assert done == 1
+    assert ScheduleCursor.objects.get(pk=s.id).active is False
