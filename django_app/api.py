@@ -550,11 +550,14 @@ def backfill(
     occurrences are released one per ``60 / catchup_rate`` seconds of the tenant (after
     the tenant's backfills still waiting), all at once without a rate. Backfill runs
     even while the schedule is paused (like run now; cancel the schedule to stop it),
-    does not count against ``max_runs`` and is not expected by the reconciler.
-    Over pruned history it decides as if the rows were there (retention kept which pruned
-    times ran or were backfilled). ``HistoryPruned`` (a ``ValidationError`` on ``start``,
-    nothing created) only when it would have to run a time inside a span pruned before
-    migration 0024, where that is not known.
+    does not count against ``max_runs`` and is not expected by the reconciler; a resume
+    or update never plans a backfilled time again (the reconciler finds the backfill
+    there). On an active schedule the range must end at its cursor (``ValidationError``
+    on ``end`` past it: the beats plan those times by the misfire policy). Over pruned
+    history it decides as if the rows were there (retention kept which pruned times ran or
+    were backfilled). ``HistoryPruned`` (a ``ValidationError`` on ``start``, nothing
+    created) only when it would have to run a time inside a span pruned before migration
+    0024, where that is not known.
 
     Args:
         start, end: Aware datetimes, ``start < end <= now``; at most 10,000 fire times.

@@ -46,6 +46,7 @@ from celery_scheduler.core.timemath import fire_times
 from django_app.materialize.per_schedule import trigger_for
 from django_app.models import Occurrence, Schedule, ScheduleVersion, SkippedSpan
 from django_app.schedules import replan
+from django_app.schedules.backfill import BACKFILL_VERSION
 
 ABSENT = "ABSENT"
 UPCOMING = "upcoming"
@@ -313,7 +314,8 @@ def _judge(
     """Merge-join one schedule's expected (time, version) keys with its rows (same order).
 
     A key with no row of its own is answered by an older version's row at the same time
-    that was claimed or finished (``django_app.schedules.replan`` never plans that time again); rows
+    that was claimed or finished, or by a backfill of that time
+    (``django_app.schedules.replan`` never plans such a time again); rows
     of one time come in version order, so that row has been read when the key comes up.
     """
     expected = heapq.merge(*(_keyed(w, start, end) for w in windows))
@@ -325,7 +327,9 @@ def _judge(
         while want is not None and want < have:
             yield _missing(sid, want, spans, now, took)
             want = next(expected, None)
-        if not manual and replan.is_taken(state, attempts):
+        # A backfill (version 0, manual) takes its time too: a later version re-planned
+        # around it (django_app.schedules.replan).
+        if (not manual or ver == BACKFILL_VERSION) and replan.is_taken(state, attempts):
             took = row
         if want == have:
             yield Item(schedule_id=sid, version=ver, scheduled_for=at, occurrence_id=oid,

@@ -178,7 +178,8 @@ def test_a_resume_does_not_run_again_what_a_backfill_ran_while_paused(
     s = make(clock, misfire_policy=policy)
     api.pause_schedule(s.id, clock=clock)
     clock.set(at(12, 31))
-    assert len(api.backfill(s.id, at(12, 5), at(12, 30), clock=clock).created) == 5
+    # Up to 12:30 included: the time FIRE_ONCE keeps of the paused-over ones.
+    assert len(api.backfill(s.id, at(12, 5), at(12, 31), clock=clock).created) == 6
     api.resume_schedule(s.id, clock=clock)
     publisher = RecordingPublisher()
     for _ in range(6):  # up to 12:36: the resumed schedule plans what it catches up, then 12:35
@@ -188,6 +189,9 @@ def test_a_resume_does_not_run_again_what_a_backfill_ran_while_paused(
     runs = Counter(m.scheduled_for for m in publisher.sent)
     assert max(runs.values()) == 1, runs
     assert set(runs) == {at(12, m) for m in (5, 10, 15, 20, 25, 30, 35)}
+    # The reconciler finds the backfills where the resumed version would have run.
+    report = reconcile(start=at(12, 0), end=at(12, 36), now=clock.now())
+    assert report.absent == [], report.absent
 
 
 def test_a_backfill_refuses_times_an_active_schedule_has_not_planned_yet(
