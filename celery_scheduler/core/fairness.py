@@ -142,17 +142,22 @@ class Bucket:
         elapsed = max((now - self.at).total_seconds(), 0.0)
         return Bucket(tokens=min(float(rate), self.tokens + elapsed * rate), at=max(now, self.at))
 
-    def take(self, rate: int, wanted: int, now: datetime) -> tuple[int, Bucket]:
-        """Take up to ``wanted`` whole tokens at ``now``; returns (granted, new state).
+    def available(self, rate: int, now: datetime) -> float:
+        """The tokens a taker at ``now`` may have.
 
         A bucket dated after ``now`` (a burst wave took its tokens as of its instant, still
         ahead; another node's clock is ahead) holds the refill up to that time, which is not
         there yet at ``now``: that much is not offered, so no taker in between spends it
-        before it exists.
+        before it exists (the conservative side: a taker then may get less than it could).
         """
         bucket = self.refilled(rate, now)
-        not_yet = max((bucket.at - now).total_seconds(), 0.0) * rate
-        granted = max(min(wanted, math.floor(bucket.tokens - not_yet)), 0)
+        return bucket.tokens - max((bucket.at - now).total_seconds(), 0.0) * rate
+
+    def take(self, rate: int, wanted: int, now: datetime) -> tuple[int, Bucket]:
+        """Take up to ``wanted`` whole tokens at ``now`` (:meth:`available`); returns
+        (granted, new state)."""
+        bucket = self.refilled(rate, now)
+        granted = max(min(wanted, math.floor(self.available(rate, now))), 0)
         return granted, Bucket(tokens=bucket.tokens - granted, at=bucket.at)
 
     def give_back(self, rate: int, count: int) -> Bucket:

@@ -91,7 +91,7 @@ def exhausted_trigger(now: datetime) -> set[int]:
     return {
         tenant_id
         for tenant_id, tokens, at, rate in rows
-        if Bucket(tokens, at).refilled(int(rate or 0), now).tokens < 1
+        if Bucket(tokens, at).available(int(rate or 0), now) < 1
     }
 
 

@@ -291,11 +291,11 @@ class TurnDuringTheHold(FrozenClock):
         super().sleep(seconds)
 
 
-def test_a_wave_takes_its_tenants_trigger_tokens_as_of_now_not_of_its_instant() -> None:
+def test_a_taker_during_a_waves_hold_is_not_offered_the_refill_up_to_its_instant() -> None:
     """While a wave holds for its instant, another relay takes the same tenant's tokens (a
-    rate-limited tenant's late rows go through the general path). Both must find the
-    bucket as it is at their own time: a wave that took its tokens as of its instant, a
-    second ahead, credited that second's refill early, and the other relay spent it too."""
+    rate-limited tenant's late rows go through the general path). The wave takes its
+    tokens as of its instant, a second ahead, so the bucket holds that second's refill:
+    the other relay, taking before it exists, must not be offered it."""
     taken: list[int] = []
 
     def take(at: datetime) -> int:
