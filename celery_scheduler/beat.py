@@ -212,8 +212,11 @@ class DatabaseScheduler(beat.Scheduler):
         return self._sleep_time()
 
     def _in_step(self) -> bool:
-        """Whether the loop is inside a step now (read by the lease keeper's thread)."""
-        return self._busy
+        """Whether the loop is inside a step that may run long and must keep its shards
+        (read by the lease keeper's thread): not one that retries a failure (the back-off
+        is set until a step succeeds). A node whose steps keep failing, fast or slowly
+        (a broker only it cannot reach), lets its leases lapse to the other beats."""
+        return self._busy and not self._backoff
 
     def _stamp_progress(self) -> None:
         """Record that the loop finished a step (``scheduler_status --liveness`` reads it).

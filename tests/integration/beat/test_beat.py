@@ -177,3 +177,29 @@ def test_the_loop_exports_the_outbox_backlog(app: Celery, clock: FrozenClock) ->
     # Counted at the last export (at most 5 s ago, one row a second published since).
     assert due_unsent.count() <= exported <= due_unsent.count() + 5
     s.close()
+
+
+def test_the_lease_keeper_is_not_told_a_step_runs_while_the_loop_retries_a_failure(
+    app: Celery, clock: FrozenClock
+) -> None:
+    # The keeper renews the shard leases only inside a step: the steps that retry a broker
+    # outage must not count, however long each one takes to fail, or a node that cannot
+    # reach the broker keeps its shards from the beats that can.
+    seen: list[bool] = []
+
+    class Watching(RecordingPublisher):
+        def publish(self, messages: Any) -> None:
+            seen.append(s._in_step())
+            super().publish(messages)
+
+    publisher = Watching()
+    publisher.fail_with = errors.CoordinationUnavailable("broker down")
+    api.create_schedule(name="now", task="billing.ping", interval=3600, clock=clock)
+    s = scheduler(app, clock, publisher)
+    for _ in range(4):
+        clock.advance(s.tick())
+    first, *retries = seen
+    assert first is True  # the first try: a step like any
+    assert len(retries) >= 2
+    assert not any(retries), seen
+    s.close()
