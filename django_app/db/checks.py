@@ -43,7 +43,7 @@ SQLITE_OPTIONS_HINT = (
 MYSQL_ENGINES = frozenset(["django.db.backends.mysql"])
 
 MYSQL_OPTIONS_HINT = (
-    'leave DATABASES["default"]["OPTIONS"]["isolation_level"] unset or "read committed"'
+    'Leave DATABASES["default"]["OPTIONS"]["isolation_level"] unset or "read committed"'
 )
 
 
@@ -96,7 +96,7 @@ def require_safe_database(alias: str = "default") -> None:
     settings_dict = connections[alias].settings_dict
     for problems, hint in (
         (sqlite_problems(settings_dict), f"Set {SQLITE_OPTIONS_HINT}"),
-        (mysql_problems(settings_dict), MYSQL_OPTIONS_HINT.capitalize()),
+        (mysql_problems(settings_dict), MYSQL_OPTIONS_HINT),
     ):
         if problems:
             raise errors.UnsafeDatabase(

@@ -35,7 +35,7 @@ def test_another_isolation_level_is_refused_by_name(
     default = connections["default"].settings_dict
     for key, value in settings_dict.items():
         monkeypatch.setitem(default, key, value)
-    with pytest.raises(errors.UnsafeDatabase, match="isolation_level"):
+    with pytest.raises(errors.UnsafeDatabase, match=r'\["OPTIONS"\]\["isolation_level"\]'):
         checks.require_safe_database.__wrapped__("default")  # uncached: this alias's now
     warnings = checks.check_database()
     assert [w.id for w in warnings if w.id == "django_app.W003"] == ["django_app.W003"]
