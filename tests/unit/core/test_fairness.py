@@ -131,6 +131,15 @@ def test_unused_tokens_go_back_up_to_the_cap() -> None:
     assert (granted, bucket.give_back(4, 2).tokens, bucket.give_back(4, 9).tokens) == (3, 3, 4)
 
 
+def assert_within_the_bound(rate: int, admitted: list[tuple[int, int]]) -> None:
+    """Grants dated in milliseconds: any window of T s admits at most rate * T + rate."""
+    for start, _ in admitted:
+        for end, _ in admitted:
+            if end >= start:
+                window = sum(n for at, n in admitted if start <= at <= end)
+                assert window <= rate + rate * (end - start) / 1000 + 1e-9
+
+
 @given(
     st.integers(min_value=1, max_value=50),
     st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 40)), min_size=1, max_size=60),
@@ -144,11 +153,7 @@ def test_bucket_never_exceeds_rate_times_window_plus_burst(
     for offset_ms, wanted in sorted(calls):
         granted, bucket = bucket.take(rate, wanted, T0 + timedelta(milliseconds=offset_ms))
         admitted.append((offset_ms, granted))
-    for start, _ in admitted:
-        for end, _ in admitted:
-            if end >= start:
-                window = sum(n for at, n in admitted if start <= at <= end)
-                assert window <= rate + rate * (end - start) / 1000 + 1e-9
+    assert_within_the_bound(rate, admitted)
 
 
 @given(
@@ -167,8 +172,4 @@ def test_bucket_holds_the_bound_when_takes_come_dated_out_of_order(
     for offset_ms, wanted in calls:
         granted, bucket = bucket.take(rate, wanted, T0 + timedelta(milliseconds=offset_ms))
         admitted.append((offset_ms, granted))
-    for start, _ in admitted:
-        for end, _ in admitted:
-            if end >= start:
-                window = sum(n for at, n in admitted if start <= at <= end)
-                assert window <= rate + rate * (end - start) / 1000 + 1e-9
+    assert_within_the_bound(rate, admitted)
