@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.db.models import QuerySet
 
 
 def run_threads(*targets: Callable[[], object]) -> list[BaseException]:
@@ -57,3 +59,17 @@ def wait_for_a_lock_waiter(started: threading.Event, seen: threading.Event) -> N
         if lock_waiters():
             seen.set()
             return
+
+
+def holding(rows: QuerySet[Any], locked: threading.Event, released: threading.Event,
+            why: str) -> Callable[[], None]:  # fmt: skip
+    """A thread target that locks ``rows`` (as another transaction's claim would), sets
+    ``locked``, and holds them until ``released`` (``why``: what failed if it never is)."""
+
+    def hold() -> None:
+        with transaction.atomic():
+            list(rows.select_for_update().values_list("pk"))
+            locked.set()
+            assert released.wait(timeout=20), why
+
+    return hold

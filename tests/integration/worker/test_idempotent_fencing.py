@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import F
 
 from celery_scheduler import errors, idempotent_task
@@ -24,7 +24,7 @@ from celery_scheduler.tasks import occurrence_context
 from django_app.models import IdempotencyRecord, Occurrence
 from django_app.worker import claim, finish
 from example_project.billing.models import Invoice
-from tests.integration.threads import run_threads, wait_for_a_lock_waiter
+from tests.integration.threads import holding, run_threads, wait_for_a_lock_waiter
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 app = Celery("fencing-tests", set_as_current=False)
@@ -132,11 +132,9 @@ def test_a_fence_that_waited_for_its_row_past_the_lease_rolls_the_effect_back(
     locked, fence_waits, released = threading.Event(), threading.Event(), threading.Event()
     outcome: list[str] = []
 
-    def hold_the_row() -> None:
-        with transaction.atomic():
-            list(Occurrence.objects.select_for_update().filter(pk=occ.pk).values_list("pk"))
-            locked.set()
-            assert released.wait(timeout=20), "the lease never lapsed"
+    hold_the_row = holding(
+        Occurrence.objects.filter(pk=occ.pk), locked, released, "the lease never lapsed"
+    )
 
     def body_then_fence() -> None:
         assert locked.wait(timeout=20)

@@ -16,7 +16,7 @@ from celery_scheduler.core.enums import OverlapPolicy
 from django_app.models import ConcurrencySlot, Occurrence
 from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
-from tests.integration.threads import run_threads, wait_for_a_lock_waiter
+from tests.integration.threads import holding, run_threads, wait_for_a_lock_waiter
 from tests.integration.worker_support import make_occurrence, make_schedule
 
 pytestmark = [pytest.mark.concurrent_db, pytest.mark.django_db(transaction=True)]
@@ -147,11 +147,9 @@ def test_a_renewal_that_waited_for_its_row_past_the_lease_renews_nothing(
     renewed: list[bool] = []
     nxt: list[Any] = []
 
-    def hold_the_row() -> None:
-        with transaction.atomic():
-            list(Occurrence.objects.select_for_update().filter(pk=first.pk).values_list("pk"))
-            locked.set()
-            assert released.wait(timeout=20), "the next run was never claimed"
+    hold_the_row = holding(
+        Occurrence.objects.filter(pk=first.pk), locked, released, "the next run was never claimed"
+    )
 
     def renew() -> None:
         assert locked.wait(timeout=20)
