@@ -347,7 +347,12 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
 
 
 def _log_outcome(occurrence_id: str, outcome: dict[str, Any]) -> None:
-    logger.info(
+    # A success is what Celery's own worker line says ("Task <task>[<occurrence id>]
+    # succeeded in ..."): ours is DEBUG then. The outcomes Celery cannot tell (a duplicate
+    # delivery, a deferral, a lapsed lease, a stale write) and the failures stay INFO.
+    succeeded = outcome["outcome"] == "SUCCEEDED"
+    logger.log(
+        logging.DEBUG if succeeded else logging.INFO,
         "occurrence %s: %s",
         occurrence_id,
         outcome["outcome"],

@@ -163,6 +163,24 @@ def test_a_lost_outcome_write_is_logged_with_the_occurrence_id(
     assert getattr(lost[0], "occurrence_id", None) == str(occ.id)
 
 
+@pytest.mark.parametrize(
+    ("outcome", "level"), [("SUCCEEDED", "DEBUG"), ("DUPLICATE", "INFO"), ("DEAD", "INFO")]
+)
+def test_the_run_line_is_debug_where_celerys_own_line_tells_the_same(
+    caplog: pytest.LogCaptureFixture, outcome: str, level: str
+) -> None:
+    """Celery's worker logs "Task <task>[<id>] succeeded in ..." for a scheduled run (it is
+    traced as the task itself): the scheduler's line repeats a success at DEBUG only, and
+    keeps what Celery's lines cannot tell at INFO."""
+    from django_app.tasks import _log_outcome
+
+    with caplog.at_level("DEBUG", logger="celery_scheduler.worker"):
+        _log_outcome("occ-1", {"outcome": outcome})
+    [record] = caplog.records
+    assert (record.levelname, record.getMessage()) == (level, f"occurrence occ-1: {outcome}")
+    assert getattr(record, "event", None) == "occurrence_run"
+
+
 def test_a_body_does_not_start_on_a_lease_that_lapsed_after_the_claim(
     tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
