@@ -578,9 +578,13 @@ class PrunedHistory(models.Model):
     ``[first, through]``; ``ran`` and ``backfilled`` are the ``scheduled_for`` of those that
     backfill's rule leaves out (:mod:`django_app.schedules.backfill`): ``ran``, a row of a
     schedule version in a state that ran or may run (SUCCEEDED, DEAD, ...), ``backfilled``,
-    a backfill row (version 0) in any state. Both are sets in the compact text form of
-    :mod:`celery_scheduler.core.timeset`. The deleted rows that are neither (MISSED,
-    CANCELED, SKIPPED_OVERLAP of a version) are not kept: backfill runs those times.
+    a backfill row (version 0) in any state. The deleted rows that are neither (MISSED,
+    CANCELED, SKIPPED_OVERLAP of a version) count for backfill as if absent: it runs those
+    times. ``passed_over`` keeps those of them a new version must not plan again (MISSED,
+    SKIPPED_OVERLAP, CANCELED after a claim: :data:`django_app.schedules.replan.TAKEN`),
+    which a re-plan reads with ``ran`` and ``backfilled``. All three are sets in the compact
+    text form of :mod:`celery_scheduler.core.timeset`; ``passed_over`` is kept from
+    migration 0030 on.
 
     ``[unknown_from, unknown_through]``: the span pruned before these sets were kept
     (migration 0024), where backfill cannot tell and refuses (``HistoryPruned``); NULL on
@@ -600,6 +604,7 @@ class PrunedHistory(models.Model):
     through = models.DateTimeField()
     ran = models.TextField(blank=True, default="")
     backfilled = models.TextField(blank=True, default="")
+    passed_over = models.TextField(blank=True, default="")
     unknown_from = models.DateTimeField(null=True, blank=True)
     unknown_through = models.DateTimeField(null=True, blank=True)
 

@@ -52,6 +52,7 @@ from django_app.models import (
     PrunedHistory,
     ScheduleCursor,
 )
+from django_app.schedules import replan
 from django_app.schedules.backfill import BACKFILL_VERSION, RAN_STATES
 
 MAX_BATCH = 10_000  # keeps every ``IN (...)`` under SQLite's parameter limit
@@ -290,7 +291,9 @@ def record_pruned(occurrences: QuerySet[Occurrence]) -> None:
     - adds to each schedule's :class:`PrunedHistory` what backfill's rule reads of the rows:
       their span ``[first, through]``, and the ``scheduled_for`` of those backfill leaves
       out (``ran``: a version's row in a state that ran; ``backfilled``: a backfill row), so
-      a backfill over the span runs exactly what it would have run with the rows there;
+      a backfill over the span runs exactly what it would have run with the rows there,
+      and those of the version rows that took their time without running
+      (``passed_over``), which a new version's re-plan reads with the other two;
     - copies the final ``state`` and ``finished_at`` of the keyed run-now occurrences among
       them into their :class:`ManualRunKey` rows (run now answers a repeated key from there).
 
@@ -328,21 +331,33 @@ def _record_chunk(
 ) -> None:
     """The PrunedHistory of the schedules in ``spans``, from their rows among
     ``occurrences``."""
-    left_out: dict[Any, tuple[list[int], list[int]]] = {sid: ([], []) for sid in spans}
+    left_out: dict[Any, _Kept] = {sid: _Kept() for sid in spans}
     kept = occurrences.filter(schedule_id__in=list(spans)).filter(
-        Q(schedule_version=BACKFILL_VERSION) | Q(state__in=RAN_STATES)
+        Q(schedule_version=BACKFILL_VERSION) | Q(state__in=RAN_STATES) | replan.PASSED_OVER
     )
-    for sid, version, at in (
-        kept.order_by().values_list("schedule_id", "schedule_version", "scheduled_for")
+    for sid, version, state, at in (
+        kept.order_by().values_list("schedule_id", "schedule_version", "state", "scheduled_for")
     ).iterator(chunk_size=5000):
-        left_out[sid][version == BACKFILL_VERSION].append(timeset.to_int(at))
+        times = left_out[sid]
+        if version == BACKFILL_VERSION:
+            times.backfilled.append(timeset.to_int(at))
+        elif state in RAN_STATES:
+            times.ran.append(timeset.to_int(at))
+        else:
+            times.passed_over.append(timeset.to_int(at))
     _widen_spans(spans, left_out)
 
 
-def _widen_spans(
-    spans: dict[Any, tuple[datetime, datetime]],
-    left_out: dict[Any, tuple[list[int], list[int]]],
-) -> None:
+@dataclass
+class _Kept:
+    """One schedule's pruned times, by the PrunedHistory set each goes to."""
+
+    ran: list[int] = field(default_factory=list)
+    backfilled: list[int] = field(default_factory=list)
+    passed_over: list[int] = field(default_factory=list)
+
+
+def _widen_spans(spans: dict[Any, tuple[datetime, datetime]], left_out: dict[Any, _Kept]) -> None:
     # Insert what is new, then widen under the row locks: a concurrent prune of the same
     # schedule (a batch and a partition drop) waits on the insert or the lock, never loses
     # its span or its times. Locked in schedule order so two such prunes cannot deadlock.
@@ -354,11 +369,15 @@ def _widen_spans(
     changed = []
     for row in rows.order_by("schedule_id"):
         lo, hi = spans[row.schedule_id]
-        ran, backfilled = left_out[row.schedule_id]
-        if lo < row.first or hi > row.through or ran or backfilled:
+        times = left_out[row.schedule_id]
+        widens = lo < row.first or hi > row.through
+        if widens or times.ran or times.backfilled or times.passed_over:
             row.first, row.through = min(row.first, lo), max(row.through, hi)
-            row.ran = timeset.add(row.ran, ran)
-            row.backfilled = timeset.add(row.backfilled, backfilled)
+            row.ran = timeset.add(row.ran, times.ran)
+            row.backfilled = timeset.add(row.backfilled, times.backfilled)
+            row.passed_over = timeset.add(row.passed_over, times.passed_over)
             changed.append(row)
     if changed:
-        PrunedHistory.objects.bulk_update(changed, ["first", "through", "ran", "backfilled"])
+        PrunedHistory.objects.bulk_update(
+            changed, ["first", "through", "ran", "backfilled", "passed_over"]
+        )

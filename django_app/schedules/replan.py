@@ -6,8 +6,8 @@ claimed yet are planned again under the new version; a time that an older versio
 finished (RUNNING, SUCCEEDED, RETRY_WAIT, DEAD, MISSED, SKIPPED_OVERLAP, or CANCELED after a
 claim) is never planned again, whatever the version: its new occurrence would have a new id,
 so the default idempotency key would not dedupe it and the effect would run twice. Nor is a
-time that was backfilled (a version-0 row), or that ran or was backfilled and whose row
-retention deleted since (its ``PrunedHistory``).
+time that was backfilled (a version-0 row), or that was taken in any of these ways and whose
+row retention deleted since (its ``PrunedHistory``).
 
 The set of times an older version "took" is frozen once the bump commits: a claim locks the
 schedule row and re-checks the version, so nothing of an older version is claimed after it.
@@ -29,10 +29,13 @@ from celery_scheduler.core.policies import PassPlan, plan_pass
 from django_app import conf
 from django_app.materialize import per_schedule as single
 from django_app.models import Occurrence, PrunedHistory, Schedule
-from django_app.schedules.backfill import BACKFILL_VERSION
+from django_app.schedules.backfill import BACKFILL_VERSION, RAN_STATES
 
 #: An occurrence leaves its time free only if it was canceled before any claim (attempt 0).
 TAKEN = ~Q(state=OccurrenceState.CANCELED.value, attempt_count=0)
+#: A version's row that took its time without running (MISSED, SKIPPED_OVERLAP, CANCELED
+#: after a claim): retention keeps its time in ``PrunedHistory.passed_over``.
+PASSED_OVER = TAKEN & ~Q(state__in=RAN_STATES) & ~Q(schedule_version=BACKFILL_VERSION)
 
 
 def is_taken(state: str, attempt_count: int) -> bool:
@@ -100,13 +103,18 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
 
 
 def pruned_runs(schedule: Schedule, start: datetime) -> set[datetime]:
-    """The times at or after ``start`` that ran or were backfilled and whose rows retention
-    has deleted since (:class:`PrunedHistory`): taken like the rows that are still there."""
+    """The times at or after ``start`` that were taken (ran, were backfilled or passed over)
+    and whose rows retention has deleted since (:class:`PrunedHistory`): taken like the
+    rows that are still there."""
     pruned = PrunedHistory.objects.filter(schedule_id=schedule.id).first()
     if pruned is None or pruned.through < start:
         return set()
     lo = timeset.to_int(start)
-    kept = [*timeset.decode(pruned.ran), *timeset.decode(pruned.backfilled)]
+    kept = [
+        *timeset.decode(pruned.ran),
+        *timeset.decode(pruned.backfilled),
+        *timeset.decode(pruned.passed_over),
+    ]
     return {timeset.from_int(at) for at in kept if at >= lo}
 
 

@@ -48,11 +48,13 @@ def drive(
     prune_days: int | None,
     on_day: Callable[[int], None],
     lost: Collection[datetime] = (),
+    down: Collection[datetime] = (),
 ) -> Ran:
     """Day by day: the day's operations, then around each fire instant materialize, relay,
     and run every published message through the real claim and complete; with
     ``prune_days`` a prune at that age after each day (the README's daily command). The
-    first message of each fire time in ``lost`` never reaches a worker."""
+    first message of each fire time in ``lost`` never reaches a worker; at the fire instants
+    in ``down`` no beat runs (the next instant plans them late)."""
     lost = set(lost)
     publisher = RecordingPublisher()
     ran: Ran = Counter()
@@ -62,6 +64,8 @@ def drive(
         base = START + day * DAY
         for hour in HOURS:
             fire = base + timedelta(hours=hour)
+            if fire in down:
+                continue
             clock.set(fire - timedelta(seconds=30))
             materialize_due(clock=clock, horizon=timedelta(minutes=1))
             clock.set(fire + timedelta(seconds=1))
@@ -142,6 +146,29 @@ def test_an_update_after_a_lost_message_runs_no_pruned_time_again() -> None:
     assert ran[("report", lost + DAY, False)] == 1, "the pruned run ran again"
     assert max(ran.values()) == 1, ran
     assert ran[("report", lost, False)] == 1  # the lost time itself runs, re-planned
+
+
+def test_an_update_after_a_lost_message_runs_no_pruned_missed_time() -> None:
+    """As above, with a time between the lost one and the update that was MISSED (the
+    beats were down past its max_lateness) and is pruned: a time that was passed over is
+    taken like one that ran, so the update's new misfire policy (CATCH_UP) must not run it
+    now, as it would not with the MISSED row there."""
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *",
+                            misfire_policy="SKIP", clock=clock)  # fmt: skip
+    lost, missed = START + timedelta(hours=9), START + DAY + timedelta(hours=9)
+
+    def on_day(day: int) -> None:
+        if day == 4:  # day 1's MISSED row is pruned by now (age 2 days)
+            clock.set(START + day * DAY + timedelta(hours=8))
+            assert not Occurrence.objects.filter(scheduled_for=missed).exists()
+            api.update_schedule(s.id, misfire_policy="CATCH_UP", catchup_cap=10, clock=clock)
+
+    ran = drive(clock, 6, prune_days=2, on_day=on_day, lost={lost}, down={missed})
+
+    assert ran[("report", missed, False)] == 0, "the pruned MISSED time ran"
+    assert ran[("report", lost, False)] == 1  # the lost time itself runs, re-planned
+    assert max(ran.values()) == 1, ran
 
 
 def test_a_backfill_over_pruned_history_never_runs_a_time_twice() -> None:
