@@ -105,8 +105,9 @@ def iter_validated(
                 {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
             )
             spec = validation.validate(
-                now=now, settings=settings, json_depth=json_depth, memo=memo, **values
-            )
+                now=now, settings=settings, json_depth=json_depth, memo=memo,
+                late_run_at_ok=key is not None, **values,
+            )  # fmt: skip
             if key is not None:
                 key = validation.checked_text(key, "idempotency_key", required=True)
         except errors.ValidationError as exc:
@@ -210,6 +211,10 @@ def _create(
                 ids.append(schedule_id)
                 replayed += 1
                 continue
+            spec = item.spec  # a keyed item's late run_at is refused once its key is not a replay
+            late = validation.late_run_at(spec.run_at, spec.max_lateness_seconds, now=now)
+            if late is not None:
+                raise _at(item.index, late)
             row = lifecycle.new_schedule_values(
                 tenant_obj.pk, item.spec, item.extras, idempotency_key=item.key,
                 digest=item.digest, source=source, now=now, shard_count=shard_count,

@@ -137,12 +137,17 @@ def create_schedule(
     extras = validation.validate_extras(
         {k: values.pop(k) for k in list(values) if k in validation.EXTRA_FIELDS}
     )
-    spec = validation.validate(now=now, **values)
+    # A keyed create's retry may come after its one-off's run_at has passed: the key is
+    # looked up first, and the lateness refused only if it names no schedule yet.
+    spec = validation.validate(now=now, late_run_at_ok=idempotency_key is not None, **values)
     if idempotency_key is not None:
         idempotency_key = validation.checked_text(idempotency_key, "idempotency_key", required=True)
     if not isinstance(tenant, Tenant):
         tenant_slug(tenant)  # a bad slug is a ValidationError before the transaction
     digest = content_hash(spec, extras)
+    late = validation.late_run_at(spec.run_at, spec.max_lateness_seconds, now=now)
+    if idempotency_key is not None and late is not None:
+        return _replay_of_late_create(tenant, idempotency_key, digest, late, now, audited_by)
     if connection.vendor == "postgresql" and ONE_STATEMENT_CREATE:
         return _create_in_one_statement(
             tenant, spec, extras, idempotency_key=idempotency_key, digest=digest,
@@ -158,6 +163,27 @@ def create_schedule(
             actor, reason = audited_by
             audit.entry("create", schedule, actor=actor, reason=reason, at=now).save()
     return schedule
+
+
+def _replay_of_late_create(
+    tenant: Tenant | str | None,
+    key: str,
+    digest: str,
+    refusal: errors.InvalidTiming,
+    now: datetime,
+    audited_by: tuple[str, str] | None,
+) -> Schedule:
+    """The schedule ``key`` already made with this content (audited as any replay); else
+    ``refusal``, the one-off's ``run_at`` being past its ``max_lateness``."""
+    with transaction.atomic():
+        tenant_obj = locked_tenant(tenant)
+        existing = _by_idempotency_key(tenant_obj, key, digest)
+        if existing is None:
+            raise refusal
+        if audited_by is not None:
+            actor, reason = audited_by
+            audit.entry("create", existing, actor=actor, reason=reason, at=now).save()
+    return existing
 
 
 #: PostgreSQL creates in one call of ``django_app_create_schedule()`` (tests turn it off to

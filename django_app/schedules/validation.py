@@ -211,19 +211,36 @@ class BatchMemo:
     )
 
 
+def late_run_at(
+    run_at: datetime | None, max_lateness: int, *, now: datetime
+) -> errors.InvalidTiming | None:
+    """The refusal of a new one-off whose ``run_at`` is past its ``max_lateness`` (seconds)
+    at ``now``; None if it is not."""
+    if run_at is None or (now - run_at).total_seconds() <= max_lateness:
+        return None
+    return errors.InvalidTiming(
+        f"run_at {run_at.isoformat()} is {int((now - run_at).total_seconds())} s in the "
+        f"past, beyond max_lateness ({max_lateness} s); pick a future time",
+        field="run_at",
+    )
+
+
 def validate(
     *,
     now: datetime,
     settings: conf.SchedulerSettings | None = None,
     json_depth: int | None = None,
     memo: BatchMemo | None = None,
+    late_run_at_ok: bool = False,
     **values: Any,
 ) -> ScheduleSpec:
     """Validate create/update input (see ``INPUT_FIELDS``) into a spec, or raise.
 
     ``settings`` and ``json_depth`` (:func:`max_json_depth`): when the caller already read
     them (a bulk create validates many items against one reading); ``memo``: the checks of
-    values already accepted for an earlier item of the same batch (:class:`BatchMemo`).
+    values already accepted for an earlier item of the same batch (:class:`BatchMemo`);
+    ``late_run_at_ok``: leave a ``run_at`` past its ``max_lateness`` to the caller
+    (:func:`late_run_at`), which a keyed create first looks up as a replay.
     """
     unknown = sorted(set(values) - INPUT_FIELDS)
     if unknown:
@@ -256,12 +273,9 @@ def validate(
         default=settings.default_max_lateness_seconds, low=0,
         high=settings.max_lateness_limit_seconds,
     )  # fmt: skip
-    if run_at is not None and (now - run_at).total_seconds() > max_lateness:
-        raise errors.InvalidTiming(
-            f"run_at {run_at.isoformat()} is {int((now - run_at).total_seconds())} s in the "
-            f"past, beyond max_lateness ({max_lateness} s); pick a future time",
-            field="run_at",
-        )
+    late = None if late_run_at_ok else late_run_at(run_at, max_lateness, now=now)
+    if late is not None:
+        raise late
     misfire = enum_member(MisfirePolicy, values.get("misfire_policy"), "misfire_policy")
     catchup_cap = bounded_int(
         values.get("catchup_cap"), "catchup_cap",

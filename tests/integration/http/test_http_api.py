@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from openapi_spec_validator import validate
 
 from celery_scheduler import api
+from celery_scheduler.core.clock import FrozenClock
 from django_app.http import tokens
 from django_app.models import (
     ApiToken,
@@ -285,6 +286,23 @@ def test_conflicts_are_409s(acme: HttpClient) -> None:
     over = acme.post("schedules/", {**CREATE, "name": "two too many"})
     assert over.status == 409
     assert over.body["error"] == "quota_exceeded"
+
+
+def test_a_keyed_one_off_retried_after_its_run_at_returns_its_schedule(acme: HttpClient) -> None:
+    """The client's first request made the schedule (here through the Python API, an hour
+    ago); its retry now, past the one-off's run_at, gets it back rather than a 400."""
+    run_at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=59)
+    body: dict[str, Any] = {"name": "launch", "task": "billing.ping", "run_at": run_at.isoformat(),
+            "idempotency_key": "launch-1"}  # fmt: skip
+    made = api.create_schedule(
+        name="launch", task="billing.ping", run_at=run_at, idempotency_key="launch-1",
+        tenant="acme", clock=FrozenClock(run_at - timedelta(minutes=1)),
+    )  # fmt: skip
+    again = acme.post("schedules/", body)
+    assert (again.status, again.body["schedule"]["id"]) == (201, str(made.id)), again.body
+    late = acme.post("schedules/", {**body, "idempotency_key": "launch-2"})
+    assert (late.status, late.body.get("field")) == (400, "run_at"), late.body
+    assert Schedule.objects.filter(tenant__slug="acme").count() == 1
 
 
 def _snapshot(tenant: Tenant) -> dict[str, Any]:

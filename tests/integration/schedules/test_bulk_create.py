@@ -266,6 +266,18 @@ def test_idempotency_keys_replay_and_conflict_as_in_single_create(tenants: Any) 
     assert Schedule.objects.count() == 4  # the good item of the refused batch is not there
 
 
+def test_a_keyed_one_off_replayed_after_its_run_at_returns_its_schedule(tenants: Any) -> None:
+    item = {"name": "launch", "task": "billing.ping", "run_at": NOW + timedelta(minutes=1),
+            "idempotency_key": "launch"}  # fmt: skip
+    first = api.create_schedules([item], tenant="bulk", clock=CLOCK)
+    later = FrozenClock(NOW + timedelta(hours=1))
+    again = api.create_schedules([item], tenant="bulk", clock=later)
+    assert (again.schedule_ids, again.created, again.existing) == (first.schedule_ids, 0, 1)
+    with pytest.raises(errors.InvalidTiming, match=r"^items\[1\]: run_at .* beyond max_lateness"):
+        api.create_schedules([item, dict(item, idempotency_key="new")], tenant="bulk", clock=later)
+    assert Schedule.objects.count() == 1
+
+
 def test_a_key_repeated_in_one_call(tenants: Any) -> None:
     item = dict(ITEMS[0], idempotency_key="same")
     report = api.create_schedules([item, dict(item)], tenant="bulk", clock=CLOCK)

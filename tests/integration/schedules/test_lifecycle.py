@@ -10,7 +10,7 @@ import pytest
 from celery_scheduler import api, errors
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
-from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleVersion
+from django_app.models import AuditEntry, Occurrence, OutboxEntry, Schedule, ScheduleVersion
 
 pytestmark = pytest.mark.django_db
 
@@ -80,6 +80,27 @@ def test_idempotency_key_with_other_content_is_a_conflict(clock: FrozenClock) ->
     with pytest.raises(errors.IdempotencyConflict, match="nightly"):
         make(clock, idempotency_key="nightly", cron="0 * * * *")
     assert Schedule.objects.count() == 1
+
+
+def test_a_keyed_one_off_replayed_after_its_run_at_returns_the_same_schedule(
+    clock: FrozenClock,
+) -> None:
+    """A client retrying its create (a timeout, a lost response) after the one-off's run_at
+    has passed gets its schedule back: the lateness refuses only a key that made nothing."""
+    run_at = NOW + timedelta(minutes=1)
+    first = make(clock, cron=None, run_at=run_at, idempotency_key="launch", actor="ci")
+    clock.advance(timedelta(hours=1))
+    again = make(clock, cron=None, run_at=run_at, idempotency_key="launch", actor="ci")
+    assert again.id == first.id
+    with pytest.raises(errors.IdempotencyConflict, match="launch"):
+        make(clock, cron=None, run_at=run_at, idempotency_key="launch", name="other")
+    for key in ("new", None):
+        with pytest.raises(errors.InvalidTiming, match="beyond max_lateness") as late:
+            make(clock, cron=None, run_at=run_at, idempotency_key=key)
+        assert late.value.field == "run_at"
+    assert Schedule.objects.count() == 1
+    # The replay is audited as any replayed create is.
+    assert AuditEntry.objects.filter(schedule_id=first.id, action="create").count() == 2
 
 
 def test_idempotency_keys_are_per_tenant(clock: FrozenClock, tenant_factory: Any) -> None:

@@ -53,6 +53,21 @@ def test_first_sync_creates_then_the_same_items_are_unchanged(acme: Tenant) -> N
     assert set(Schedule.objects.values_list("version", flat=True)) == {1}
 
 
+def test_a_sync_after_a_one_offs_run_at_leaves_it_and_refuses_a_new_late_one(
+    acme: Tenant,
+) -> None:
+    """The same declared items two days on: the one-off's time has passed, which is no
+    reason to refuse the whole sync; a new one-off already late is refused, naming it."""
+    _sync(_items())
+    later = NOW + timedelta(days=2)
+    assert _sync(_items(), at=later).unchanged == ["report", "poll", "once"]
+    late = {"idempotency_key": "late", "name": "late", "task": "billing.ping",
+            "run_at": NOW + timedelta(days=1)}  # fmt: skip
+    with pytest.raises(errors.InvalidTiming, match=r"^items\[3\]: run_at .* beyond max_lateness"):
+        _sync([*_items(), late], at=later)
+    assert Schedule.objects.count() == 3
+
+
 def test_changed_items_go_through_update_schedule(acme: Tenant) -> None:
     _sync(_items())
     items = _items()
