@@ -519,7 +519,8 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
 
     Fire times that passed while paused: SKIP drops them; FIRE_ONCE keeps the latest one;
     CATCH_UP keeps the latest ``catchup_cap``. They then fire as late occurrences.
-    A PARKED schedule resumes the same way once its stored timing can be planned again;
+    A PARKED schedule resumes the same way once its stored timing can be planned again
+    (the times it planned before the park and nobody claimed count as paused over);
     otherwise the ValidationError says why and it stays parked.
     """
     now = (clock or SYSTEM_CLOCK).now()
@@ -527,14 +528,22 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         schedule = _locked(schedule_id)
         if schedule.state == ScheduleState.ACTIVE:
             return _unchanged(schedule)
-        if schedule.state == ScheduleState.PARKED:
+        parked = schedule.state == ScheduleState.PARKED
+        if parked:
             _require_plannable(schedule, now)
             _unpark(schedule)
+            # A park, unlike a pause, leaves the times it had planned to the workers; the
+            # new version takes over those not claimed yet, as a pause would have.
+            never_claimed = replan.earliest_never_claimed(schedule)
+            if never_claimed is not None and schedule.next_run_at is not None:
+                schedule.next_run_at = min(schedule.next_run_at, never_claimed)
         else:
             _require_state(schedule, ScheduleState.PAUSED, "resumed")
         spec = spec_of(schedule)
         trigger = spec.trigger(anchor=schedule.start_at or now)
         schedule.version += 1
+        if parked:
+            _invalidate(schedule, now)
         schedule.state = ScheduleState.ACTIVE.value
         schedule.pause_reason = ""
         schedule.paused_at = None

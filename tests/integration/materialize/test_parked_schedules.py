@@ -21,9 +21,12 @@ from django.urls import reverse
 
 from celery_scheduler import api, errors, metrics
 from celery_scheduler.core.clock import FrozenClock
+from celery_scheduler.publishers import RecordingPublisher
 from django_app.materialize import per_schedule
 from django_app.models import Occurrence, Schedule
+from django_app.relay.batch import relay_due
 from django_app.wiring import materialize_due
+from django_app.worker import claim
 from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 
 NOW = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
@@ -117,6 +120,36 @@ def test_resume_with_a_valid_timing_unparks_and_an_invalid_one_stays_parked(
     clock.advance(10 * MINUTE)
     materialize_due(clock=clock, horizon=timedelta(0))
     assert Occurrence.objects.filter(schedule=bad).exists()
+
+
+def test_a_resume_from_parked_runs_the_times_planned_before_the_park(
+    setup: dict[str, Any],
+) -> None:
+    """Times planned before the park (12:02, 12:03) and still unclaimed at the resume run
+    once: the resume's new version takes them over as an update's would, rather than leave
+    them to the old version, whose occurrences no claim accepts any more."""
+    bad, clock = setup["bad"], setup["clock"]
+    materialize_due(clock=clock, horizon=3 * MINUTE)  # 12:01 to 12:03, ahead
+    corrupt(bad)
+    clock.advance(MINUTE)  # 12:01:30: the pass that would plan 12:04 parks the schedule
+    materialize_due(clock=clock, horizon=3 * MINUTE)
+    bad.refresh_from_db()
+    assert bad.state == "PARKED"
+    corrupt(bad, "* * * * *")
+    api.resume_schedule(bad.pk, clock=clock)
+    publisher = RecordingPublisher()
+    ran: list[datetime] = []
+    for _ in range(3):
+        clock.advance(MINUTE)
+        seen = len(publisher.sent)
+        materialize_due(clock=clock, horizon=timedelta(0))
+        relay_due(clock=clock, publisher=publisher)
+        for message in publisher.sent[seen:]:
+            taken = claim.claim(message.occurrence_id, worker="w", clock=clock).claimed
+            if taken and message.schedule_id == str(bad.pk):
+                ran.append(message.scheduled_for)
+    at = datetime(2026, 3, 1, 12, 2, tzinfo=UTC)
+    assert sorted(ran) == [at, at + MINUTE, at + 2 * MINUTE], ran
 
 
 def test_update_with_a_valid_timing_unparks(setup: dict[str, Any]) -> None:
