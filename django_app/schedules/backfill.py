@@ -57,6 +57,7 @@ from celery_scheduler.core import ids, timeset
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.core.enums import OverlapPolicy, ScheduleState
 from celery_scheduler.core.timemath import fire_times
+from django_app.db.retry import retry_lock_conflicts
 from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, PrunedHistory, Schedule, Tenant
 from django_app.schedules import validation
@@ -73,6 +74,7 @@ RAN_STATES = [
 ]
 
 
+@retry_lock_conflicts
 def backfill(
     schedule_id: uuid.UUID | str,
     start: datetime | str,

@@ -26,6 +26,7 @@ from celery_scheduler.api_types import SkipResult
 from celery_scheduler.core import ids
 from celery_scheduler.core.enums import OccurrenceState, ScheduleState
 from celery_scheduler.core.states import UNCLAIMED
+from django_app.db.retry import retry_lock_conflicts
 from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.querysets import transition
@@ -33,6 +34,7 @@ from django_app.schedules import validation
 from django_app.schedules.reads import SKIP_REASON, get_schedule, skip_key
 
 
+@retry_lock_conflicts
 def skip_occurrence(
     schedule_id: uuid.UUID | str,
     scheduled_for: datetime | str | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -128,16 +129,39 @@ def test_update_and_cancel_racing_materializer_leave_nothing_claimable(round_: i
     assert Occurrence.objects.filter(schedule_id=schedule.id, state="CANCELED").count() >= 30
 
 
-def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
+def _pause(schedule: Schedule, clock: FrozenClock) -> None:
+    api.pause_schedule(schedule.id, clock=clock)
+    assert Schedule.objects.get(pk=schedule.id).state == "PAUSED"
+
+
+def _skip(schedule: Schedule, clock: FrozenClock) -> None:
+    api.skip_occurrence(schedule.id, scheduled_for=NOW + timedelta(minutes=9.5), clock=clock)
+    assert Occurrence.objects.filter(schedule=schedule, state="CANCELED").count() == 1
+
+
+def _backfill(schedule: Schedule, clock: FrozenClock) -> None:
+    start, end = NOW - timedelta(minutes=5.5), NOW - timedelta(seconds=30)
+    assert api.backfill(schedule.id, start=start, end=end, clock=clock).created != []
+
+
+#: Calls that lock the schedule row in a transaction of their own (each checks its effect).
+LOCKING_CALLS: dict[str, Callable[[Schedule, FrozenClock], None]] = {
+    "pause": _pause, "skip": _skip, "backfill": _backfill,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("call", list(LOCKING_CALLS))
+def test_lifecycle_call_chosen_as_deadlock_victim_is_retried(call: str) -> None:
     """The materializer's lock order, replayed step by step: on InnoDB the lifecycle loses.
 
     The writer holds a shared lock on the schedule row (what InnoDB's foreign-key check of
-    an occurrence insert takes, there implicitly), a pause asks for the row's exclusive lock
-    and waits, then the writer updates the row itself (the materializer's COMPLETED update
-    of a schedule with no further fire time; a plain plan moves only the cursor's own row).
-    InnoDB calls that a deadlock and rolls back the transaction that wrote less, the pause,
-    which must run again once the writer commits. PostgreSQL lets a shared-lock holder
-    update its row past a waiter, and the pause just waits.
+    an occurrence insert takes, there implicitly), a pause (a skip, a backfill) asks for the
+    row's exclusive lock and waits, then the writer updates the row
+    itself (the materializer's COMPLETED update of a schedule with no further fire time; a
+    plain plan moves only the cursor's own row). InnoDB calls that a deadlock and rolls
+    back the transaction that wrote less, the call, which must run again once the writer
+    commits. PostgreSQL lets a shared-lock holder update its row past a waiter, and the
+    call just waits.
     """
     clock = FrozenClock(NOW)
     schedule = api.create_schedule(name="victim", task="billing.ping", cron="* * * * *",
@@ -156,19 +180,18 @@ def test_lifecycle_call_chosen_as_deadlock_victim_is_retried() -> None:
             assert pause_waits.wait(timeout=20), "the pause never waited for the row lock"
             Schedule.objects.filter(pk=schedule.id).update(updated_at=NOW)
 
-    def pause() -> None:
+    def lifecycle_call() -> None:
         assert inserted.wait(timeout=20)
-        api.pause_schedule(schedule.id, clock=clock)
+        LOCKING_CALLS[call](schedule, clock)
 
     def watch() -> None:
-        # Releases the writer once the pause (the only other transaction) waits for the lock.
+        # Releases the writer once the call (the only other transaction) waits for the lock.
         wait_for_a_lock_waiter(inserted, pause_waits)
 
-    assert run_threads(writer, pause, watch) == []
-    paused = Schedule.objects.get(pk=schedule.id)
-    assert paused.state == "PAUSED"
-    # The pause ran after the writer committed: it saw and canceled the writer's occurrence.
-    assert Occurrence.objects.get(schedule=schedule, scheduled_for=at).state == "CANCELED"
+    assert run_threads(writer, lifecycle_call, watch) == []
+    if call == "pause":
+        # The pause ran after the writer committed: it saw and canceled the writer's row.
+        assert Occurrence.objects.get(schedule=schedule, scheduled_for=at).state == "CANCELED"
 
 
 def test_occurrence_ids_are_deterministic_across_processes() -> None:
