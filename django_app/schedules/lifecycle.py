@@ -439,6 +439,9 @@ def update_schedule(
             schedule.start_at = now
         schedule.content_hash = spec.content_hash()
         invalidated_from = replan.earliest_never_claimed(schedule)
+        # The same trigger's runs an older version decided stay decided (a new trigger's
+        # span starts at the update instead).
+        owed = set() if trigger_changed else replan.never_claimed(schedule)
         old_cursor = schedule.next_run_at
         closed_at = _materialized_until(schedule, now)
         schedule.version += 1
@@ -455,9 +458,7 @@ def update_schedule(
                 # The invalidated times that nobody claimed are planned again; the ones
                 # an older version claimed or finished are skipped (django_app.schedules.replan).
                 start = min(old_cursor, invalidated_from)
-            schedule.next_run_at = (
-                None if start is None else replan.start_version_at(schedule, start, now=now)
-            )
+            schedule.next_run_at = replan.start_version_at(schedule, start, now=now, owed=owed)
             _close_version(schedule, closed_at)
             _open_version(schedule, min(now, start or now))
         elif schedule.state == ScheduleState.PAUSED and trigger_changed:
@@ -520,8 +521,8 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
     Fire times that passed while paused: SKIP drops them; FIRE_ONCE keeps the latest one;
     CATCH_UP keeps the latest ``catchup_cap``. They then fire as late occurrences.
     A PARKED schedule resumes the same way once its stored timing can be planned again
-    (the times it planned before the park and nobody claimed count as paused over);
-    otherwise the ValidationError says why and it stays parked.
+    (the runs it planned before the park and nobody claimed yet still run, under the new
+    version); otherwise the ValidationError says why and it stays parked.
     """
     now = (clock or SYSTEM_CLOCK).now()
     with transaction.atomic():
@@ -529,14 +530,13 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         if schedule.state == ScheduleState.ACTIVE:
             return _unchanged(schedule)
         parked = schedule.state == ScheduleState.PARKED
+        owed: set[datetime] = set()
         if parked:
             _require_plannable(schedule, now)
             _unpark(schedule)
-            # A park, unlike a pause, leaves the times it had planned to the workers; the
-            # new version takes over those not claimed yet, as a pause would have.
-            never_claimed = replan.earliest_never_claimed(schedule)
-            if never_claimed is not None and schedule.next_run_at is not None:
-                schedule.next_run_at = min(schedule.next_run_at, never_claimed)
+            # A park, unlike a pause, left the runs it had planned to the workers: those
+            # not claimed yet are the new version's to run (replan.start_version_at).
+            owed = replan.never_claimed(schedule)
         else:
             _require_state(schedule, ScheduleState.PAUSED, "resumed")
         spec = spec_of(schedule)
@@ -549,9 +549,7 @@ def resume_schedule(schedule_id: uuid.UUID | str, *, clock: Clock | None = None)
         schedule.paused_at = None
         schedule.consecutive_failures = 0  # a fresh start for pause_after_failures
         start = _resume_cursor(schedule, trigger, now)
-        schedule.next_run_at = (
-            None if start is None else replan.start_version_at(schedule, start, now=now)
-        )
+        schedule.next_run_at = replan.start_version_at(schedule, start, now=now, owed=owed)
         if schedule.next_run_at is None:
             schedule.state = ScheduleState.COMPLETED.value
         if start is not None:

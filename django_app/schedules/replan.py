@@ -19,6 +19,7 @@ them) and leaves the cursor after it, so no materializer pass ever plans a taken
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.db.models import Q
@@ -64,16 +65,47 @@ def earliest_never_claimed(schedule: Schedule) -> datetime | None:
     )
 
 
-def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> datetime | None:
+def never_claimed(schedule: Schedule) -> set[datetime]:
+    """The times of the fire rows the coming invalidation cancels before any claim (call it
+    before the invalidation): runs an older version decided and the workers have not
+    started yet, which :func:`start_version_at` takes over as ``owed``."""
+    return set(
+        Occurrence.objects.unclaimed()
+        .filter(
+            schedule=schedule,
+            schedule_version__lte=schedule.version,
+            attempt_count=0,
+            manual=False,
+        )
+        .values_list("scheduled_for", flat=True)
+    )
+
+
+def start_version_at(
+    schedule: Schedule,
+    start: datetime | None,
+    *,
+    now: datetime,
+    owed: Collection[datetime] = (),
+) -> datetime | None:
     """Plan the (already bumped) ``schedule.version`` from ``start``; returns the new cursor.
 
-    Without taken times at or after ``start`` that is ``start`` itself (the materializer
-    continues from there). Otherwise the span from ``start`` to the last taken time (or to
-    ``now`` if later, so the misfire policy sees every late time in one plan) is
-    materialized here, in the caller's transaction, without the taken and the skipped
-    times; the returned cursor is the first fire time after that span (``None``: no fire
-    time is left).
+    ``owed``: times of an older version's fire rows that were invalidated before any claim
+    (:func:`never_claimed`; the same trigger's times). The older version had decided that
+    they fire, and a message waiting for a busy worker is not a missed time: they fire under
+    the new version whatever their lateness now, never judged by the misfire policy again.
+
+    Without taken times at or after ``start``, nor owed ones due by ``now`` or before
+    ``start``, the cursor is ``start`` itself (the materializer continues from there).
+    Otherwise the span from ``start`` to the last taken time (or to ``now`` if later, so the
+    misfire policy sees every late time in one plan) is materialized here, in the caller's
+    transaction, without the taken and the skipped times, the owed ones as fire rows; the
+    returned cursor is the first fire time after that span (``None``: no fire time is left).
     """
+    skipped = {datetime.fromisoformat(t) for t in schedule.skip_times or []}
+    if start is None:
+        _write_owed(schedule, set(owed) - skipped, now=now)
+        return None
     taken = set(
         Occurrence.objects.filter(
             Q(manual=False) | Q(schedule_version=BACKFILL_VERSION),
@@ -85,12 +117,15 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
         .values_list("scheduled_for", flat=True)
     )
     taken |= pruned_runs(schedule, start)
-    if not taken:
-        return start
-    until = max(max(taken), now)
+    owed = set(owed) - taken - skipped
+    before = {t for t in owed if t < start}
+    in_span = owed - before
+    if not taken and not before and all(t > now for t in in_span):
+        return start  # owed times still ahead are planned on time by the materializer
+    until = max([*taken, now])
     # The skipped times too: their markers for this version are written after this plan
     # (the lifecycle's _open_version), so nothing else keeps them out of it.
-    passed_over = taken | {datetime.fromisoformat(t) for t in schedule.skip_times or []}
+    passed_over = taken | skipped | in_span
     cursor: datetime | None = start
     # plan_pass bounds each plan; a long span takes a few (each is small).
     while cursor is not None and cursor <= until:
@@ -99,7 +134,19 @@ def start_version_at(schedule: Schedule, start: datetime, *, now: datetime) -> d
         if plan.next_cursor is not None and plan.next_cursor <= cursor:
             break  # no progress (cannot happen with a valid trigger); let the materializer go on
         cursor = plan.next_cursor
+    _write_owed(schedule, before | {t for t in in_span if t <= until}, now=now)
     return cursor
+
+
+def _write_owed(schedule: Schedule, owed: set[datetime], *, now: datetime) -> None:
+    """Fire rows of the new version for ``owed`` times; those past ``max_lateness`` are late
+    (a CATCH_UP tenant's catch-up budget paces them, as the materializer's late times)."""
+    if not owed:
+        return
+    late_before = now - timedelta(seconds=schedule.max_lateness_seconds)
+    fire = sorted(owed)
+    late = frozenset(t for t in fire if t < late_before)
+    _write(schedule, PassPlan(fire=fire, missed=[], late=late, next_cursor=None), now=now)
 
 
 def pruned_runs(schedule: Schedule, start: datetime) -> set[datetime]:

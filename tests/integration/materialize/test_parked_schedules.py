@@ -125,9 +125,10 @@ def test_resume_with_a_valid_timing_unparks_and_an_invalid_one_stays_parked(
 def test_a_resume_from_parked_runs_the_times_planned_before_the_park(
     setup: dict[str, Any],
 ) -> None:
-    """Times planned before the park (12:02, 12:03) and still unclaimed at the resume run
-    once: the resume's new version takes them over as an update's would, rather than leave
-    them to the old version, whose occurrences no claim accepts any more."""
+    """Runs planned before the park and still unclaimed at the resume run once: 12:01,
+    due and waiting for a worker, and 12:02 and 12:03, ahead. The resume's new version takes
+    them over as an update's would, rather than leave them to the old version, whose
+    occurrences no claim accepts any more, or judge the due one by the misfire policy."""
     bad, clock = setup["bad"], setup["clock"]
     materialize_due(clock=clock, horizon=3 * MINUTE)  # 12:01 to 12:03, ahead
     corrupt(bad)
@@ -148,8 +149,8 @@ def test_a_resume_from_parked_runs_the_times_planned_before_the_park(
             taken = claim.claim(message.occurrence_id, worker="w", clock=clock).claimed
             if taken and message.schedule_id == str(bad.pk):
                 ran.append(message.scheduled_for)
-    at = datetime(2026, 3, 1, 12, 2, tzinfo=UTC)
-    assert sorted(ran) == [at, at + MINUTE, at + 2 * MINUTE], ran
+    at = datetime(2026, 3, 1, 12, 1, tzinfo=UTC)
+    assert sorted(ran) == [at + n * MINUTE for n in range(4)], ran
 
 
 def test_update_with_a_valid_timing_unparks(setup: dict[str, Any]) -> None:

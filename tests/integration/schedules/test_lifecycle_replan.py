@@ -171,6 +171,30 @@ def test_update_replans_invalidated_times_between_ones_that_ran(
     assert_reconciles(schedule, at(11, 59), at(12, 4), now=clock.now())
 
 
+def test_an_update_keeps_a_due_run_that_waits_for_a_worker(
+    materialize: Callable[[FrozenClock], None],
+) -> None:
+    """12:10 was planned and is due, its message waits behind busy workers (never claimed);
+    an update at 12:16, past its max_lateness (300 s), must not make it MISSED: the run was
+    decided, it only waited, and it fires under the new version as it would have under the
+    old one."""
+    clock = FrozenClock(at(12, 9, 30))
+    schedule = api.create_schedule(name="r", task="billing.ping", cron="*/10 * * * *", clock=clock)
+    materialize(clock)
+    clock.set(at(12, 16))
+    materialize(clock)
+    assert occurrence(schedule, at(12, 10)).state == "SCHEDULED"
+
+    api.update_schedule(schedule.id, clock=clock, priority=5)
+    materialize(clock)
+
+    assert runs_by_time(schedule)[at(12, 10)] == [(2, "SCHEDULED")]
+    run(occurrence(schedule, at(12, 10), version=2), clock)
+    advance_to(clock, materialize, at(12, 20, 30))
+    assert [v for v, _ in runs_by_time(schedule)[at(12, 20)]] == [2]
+    assert_reconciles(schedule, at(12, 0), at(12, 21), now=clock.now())
+
+
 def test_pause_resume_does_not_rerun_what_ran(
     materialize: Callable[[FrozenClock], None],
 ) -> None:
