@@ -4,7 +4,7 @@ What may go, and why only that:
 
 - Occurrences in a terminal state (SUCCEEDED, MISSED, CANCELED, SKIPPED_OVERLAP; DEAD only
   when asked, because DEAD rows are the dead-letter queue an operator replays from) whose
-  ``finished_at`` (or ``scheduled_for`` when it is NULL) is before the cutoff. Their Attempt
+  ``scheduled_for`` and ``finished_at`` (when set) are both before the cutoff. Their Attempt
   rows and their (sent) OutboxEntry rows go with them.
 - Never a non-terminal occurrence, and never an occurrence whose outbox row is still unsent:
   that row is the relay's promise to publish, and deleting it would silently break it.
@@ -102,8 +102,11 @@ class PruneReport:
 
 
 def _old_terminal(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurrence]:
-    old = Occurrence.objects.filter(state__in=states).filter(
-        Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, scheduled_for__lt=cutoff)
+    # A row's age is the later of its time and its finish: a skip marker finishes when the
+    # skip is made, possibly long before its time, and stays until its time is old too (as
+    # a dropped partition, which goes by time, keeps it).
+    old = Occurrence.objects.filter(state__in=states, scheduled_for__lt=cutoff).filter(
+        Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True)
     )
     return old.filter(~_ahead_of_cursor())
 
@@ -133,7 +136,7 @@ def _unsent_outbox() -> Exists:
 
 
 def prunable_occurrences(states: tuple[str, ...], cutoff: datetime) -> QuerySet[Occurrence]:
-    """Occurrences in ``states`` that finished (or were due) before ``cutoff``, outbox sent."""
+    """Occurrences in ``states`` due and finished before ``cutoff``, outbox sent."""
     return _old_terminal(states, cutoff).filter(~_unsent_outbox())
 
 

@@ -39,7 +39,7 @@ def _days(text: str) -> int:
 class Command(BaseCommand):
     help = (
         "Delete occurrences in a terminal state (SUCCEEDED, MISSED, CANCELED, SKIPPED_OVERLAP; "
-        "DEAD only with --include-dead) that finished more than --older-than days ago, with "
+        "DEAD only with --include-dead) due and finished more than --older-than days ago, with "
         "their attempts and sent outbox rows, in short batches. Never deletes a non-terminal "
         "occurrence, an unsent outbox row or a schedule version. The reconciler reports "
         "deleted occurrences as ABSENT: reconcile only windows newer than the cutoff."
@@ -48,7 +48,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than", dest="days", type=_days, required=True, metavar="DAYS",
-            help="delete what finished (or, if it never finished, was due) over DAYS days ago",
+            help="delete what was due and finished (if it did) over DAYS days ago",
         )  # fmt: skip
         parser.add_argument(
             "--batch", type=int, default=1000, metavar="N",

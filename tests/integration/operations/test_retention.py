@@ -139,20 +139,21 @@ def test_dead_is_deleted_only_with_include_dead(schedule: Schedule) -> None:
     assert {s for s in S if Occurrence.objects.filter(id=old[s].id).exists()} == set(NON_TERMINAL)
 
 
-def test_age_is_finished_at_else_scheduled_for(schedule: Schedule) -> None:
+def test_age_is_the_later_of_time_and_finish(schedule: Schedule) -> None:
     never_finished_old = add(schedule, S.MISSED, due_days_ago=40, outbox=None)
     never_finished_new = add(schedule, S.MISSED, due_days_ago=1, outbox=None)
     # Due long ago but finished only yesterday (a late catch-up): young by finished_at.
     late_finish = add(schedule, S.SUCCEEDED, due_days_ago=40, finished_days_ago=1)
-    # Canceled ahead of its time: old by finished_at although due in the future.
+    # Canceled ahead of its time (a skip marker): young by its time, due in 5 days.
     canceled_early = add(schedule, S.CANCELED, due_days_ago=-5, finished_days_ago=40)
 
     report = run("--older-than", "30")
 
-    assert report["occurrences_total"] == 2
+    assert report["occurrences_total"] == 1
     assert surviving([never_finished_old, never_finished_new, late_finish, canceled_early]) == {
         str(never_finished_new.id),
         str(late_finish.id),
+        str(canceled_early.id),
     }
 
 

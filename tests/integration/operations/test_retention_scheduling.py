@@ -23,7 +23,7 @@ from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RecordingPublisher
 from django_app.models import Occurrence, PrunedHistory
-from django_app.operations import retention
+from django_app.operations import reconcile, retention
 from django_app.relay.batch import relay_due
 from django_app.wiring import materialize_due
 from django_app.worker import claim, finish
@@ -101,8 +101,27 @@ def test_a_skip_made_further_ahead_than_the_retention_age_still_skips() -> None:
     assert skipped not in times, "the pruned skip let the skipped time run"
     assert len(times) == 41
     assert api.describe_schedule(s.id, clock=clock).skipped_times == [skipped]
-    # Once the cursor has passed it, the marker is history and goes like any other row.
-    assert not Occurrence.objects.filter(schedule_id=s.id, scheduled_for=skipped).exists()
+    # Past the cursor the marker is history, aged by its time (day 40): it stays for now.
+    assert Occurrence.objects.filter(schedule_id=s.id, scheduled_for=skipped).exists()
+
+
+def test_a_skip_marker_is_history_only_once_its_time_is_older_than_the_retention_age() -> None:
+    """A skip made 40 days ahead: its marker's finished_at is the moment of the skip, but
+    its age is its time's. Once its time is recent history (days 35-42 with a 30-day age),
+    the marker is still there: the reconciler finds it rather than report the time absent,
+    and skipping the time again still answers as before."""
+    clock = FrozenClock(START)
+    s = api.create_schedule(name="report", task="billing.ping", cron="0 9 * * *", clock=clock)
+    skipped = START + 40 * DAY + timedelta(hours=9)
+    api.skip_occurrence(s.id, scheduled_for=skipped, clock=clock)
+
+    drive(clock, 42, prune_days=30, on_day=lambda day: None)
+
+    report = reconcile.reconcile(start=START + 35 * DAY, end=START + 42 * DAY, now=clock.now())
+    assert report.absent == [], "the pruned skip marker was reported absent"
+    again = api.skip_occurrence(s.id, scheduled_for=skipped, clock=clock)
+    marker = Occurrence.objects.get(schedule_id=s.id, scheduled_for=skipped)
+    assert (again.occurrence_id, marker.state) == (marker.id, "CANCELED")
 
 
 def test_a_run_now_key_still_runs_once_after_its_occurrence_is_pruned() -> None:
