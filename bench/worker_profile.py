@@ -6,13 +6,14 @@ Against ``DATABASE_URL`` (default the bench's ``cs_worker``; its scheduler table
 ``--runs`` ENQUEUED occurrences of one schedule each, then for each run, timed separately
 (median over the runs, milliseconds): opening a new database connection and its first
 claim (what every run paid while Celery closed the connection after each task); then on a
-kept connection the claim, the body (``bench.append_line``), the completion, the heartbeat's
-hold and stop (one thread per process, started at the first run) and the wrapper's log
-line. Then ``execute()`` whole, on a kept connection and with the connection closed
-before each run. Last, Celery's tracer around the body, for a plain task and for a
-scheduled run with its database part left out: what the wrapper adds on Celery's side. No
-broker: the rest of Celery's side of a task is what the plain rate of
-``bench.worker_rate`` measures.
+kept connection a round trip (``SELECT 1``), the claim, the body (``bench.append_line``),
+the completion, the heartbeat's hold and stop (one thread per process, started at the first
+run) and the wrapper's log line, and the server's own time per call of the claim and
+completion functions (``pg_stat_user_functions``). Then ``execute()`` whole, on a kept
+connection and with the connection closed before each run. Last, Celery's tracer around
+the body, for a plain task and for a scheduled run with its database part left out: what
+the wrapper adds on Celery's side. No broker: the rest of Celery's side of a task is what
+the plain rate of ``bench.worker_rate`` measures.
 
 Every phase on the kept connection also counts what it sends to the database, per run:
 SQL statements (Django's ``execute_wrappers``, savepoints included) and round trips
@@ -146,7 +147,18 @@ def main(argv: list[str]) -> None:
         )  # fmt: skip
         finish.complete(occ_id, claimed.fencing_token, None, **keyed)
     # Every phase of a run, on a kept connection (as a worker with CELERY_DB_REUSE_MAX).
+    # The server's own time per call of the claim and completion functions, from here on
+    # (pg_stat_user_functions; read at the end, once this session has gone).
+    with connection.cursor() as cursor:
+        cursor.execute("SET track_functions = 'pl'")
+        cursor.execute("SELECT pg_stat_reset()")
+
+    def round_trip() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
     for occ_id in enqueued(args.runs):
+        timed(samples, "round trip (SELECT 1)", round_trip)
         claimed = timed(
             samples, "claim on a kept connection",
             lambda occ_id=occ_id: claim.claim(occ_id, worker="p", lease=lease, **keyed),
@@ -182,6 +194,7 @@ def main(argv: list[str]) -> None:
                 message=message,
             ),
         )  # fmt: skip
+    function_times = server_function_times(connection)
     for occ_id in enqueued(args.runs):
         connection.close()
         timed(
@@ -196,10 +209,27 @@ def main(argv: list[str]) -> None:
     for name, values in samples.items():
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<{width}}  {statistics.median(values):9.2f}  {p90:6.2f}")
+    print(f"\n{'PostgreSQL function (kept connection)':<{width}}  calls  server ms/call")
+    for name, calls, per_call in function_times:
+        print(f"{name:<{width}}  {calls:5d}  {per_call:14.3f}")
     print(f"\n{'phase':<{width}}  statements/run  round trips/run")
     for name, (n, statements, trips) in SENT.items():
         if statements or trips:
             print(f"{name:<{width}}  {statements / n:14.2f}  {trips / n:15.2f}")
+
+
+def server_function_times(connection: Any) -> list[tuple[str, int, float]]:
+    """(function, calls, server ms per call) since the reset, per ``pg_stat_user_functions``
+    (the session's counts are flushed when it ends: it is closed first)."""
+    import psycopg
+
+    connection.close()
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+        rows = conn.execute(
+            "SELECT funcname, calls, total_time / calls FROM pg_stat_user_functions "
+            "WHERE calls > 0 ORDER BY funcname"
+        ).fetchall()
+    return [(str(name), int(calls), float(ms)) for name, calls, ms in rows]
 
 
 def celery_side(app: Any, samples: dict[str, list[float]], runs: int) -> None:
