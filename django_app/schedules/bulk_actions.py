@@ -52,6 +52,13 @@ def bulk(
     check_filter_keywords(filters, f"bulk_{action}")
     note = validation.checked_text(note, "note", max_length=500)
     audit.check(actor, reason)  # before anything is changed
+    blank = [name for name, value in filters.items() if _blank(value)]
+    if blank:
+        raise errors.ValidationError(
+            f"{blank[0]} is empty: as a filter it would match every schedule; give a value "
+            "or leave it out",
+            field=blank[0],
+        )
     if all(v is None for v in filters.values()):
         raise errors.ValidationError(
             "give at least one filter (tenant, state, task, tag, name_contains, next_run_*); "
@@ -78,6 +85,13 @@ def bulk(
         outcome = BulkOutcome.CHANGED if result.changed else BulkOutcome.UNCHANGED
         items.append(_item(schedule_id, name, outcome, result.describe(), state=str(result.state)))
     return BulkReport(action=action, items=items)
+
+
+def _blank(value: Any) -> bool:
+    """A filter value given but empty (``""``, blanks, ``[]``, ``{}``): it narrows nothing."""
+    if isinstance(value, str):
+        return not value.strip()
+    return isinstance(value, list | tuple | dict | set) and not value
 
 
 def _item(

@@ -194,6 +194,8 @@ def test_bulk_actions_by_filter_report_each_schedule(acme: HttpClient) -> None:
     unfiltered = acme.post("schedules/bulk/cancel/", {})
     assert unfiltered.status == 400
     assert unfiltered.body["error"] == "validation_error"
+    blank = acme.post("schedules/bulk/cancel/", {"name_contains": " "})
+    assert (blank.status, blank.body.get("field")) == (400, "name_contains"), blank.body
     assert Schedule.objects.get(pk=keep).state == "ACTIVE"
 
 

@@ -136,6 +136,12 @@ def test_bulk_pause_reports_what_really_happened(clock: FrozenClock, two_tenants
         ({"tenant": "a", "state": "NOPE"}, "state"),
         ({"tenant": "a", "note": "x" * 501}, "note"),
         ({"tenant": "a", "tag": "team=\x00"}, "tag"),
+        # Given but empty: each would match every schedule of the tenant.
+        ({"name_contains": " "}, "name_contains"),
+        ({"tenant": "a", "name_contains": ""}, "name_contains"),
+        ({"tag": {}}, "tag"),
+        ({"tenant": "a", "next_run_after": ""}, "next_run_after"),
+        ({"tenant": "a", "state": []}, "state"),
     ],
 )
 def test_bulk_rejects_bad_filters_and_writes_nothing(
