@@ -9,6 +9,7 @@ from typing import Any
 from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from django_app.models import AuditEntry, Occurrence, Schedule
+from django_app.schedules import validation
 
 #: Longest reason kept (a note, not a document).
 MAX_REASON = 2000
@@ -20,8 +21,9 @@ def check(actor: str | None, reason: str | None) -> tuple[str, str]:
     for field, value, limit in (("actor", who, 200), ("reason", why, MAX_REASON)):
         if not isinstance(value, str):
             raise errors.ValidationError(f"{field} must be text", field=field)
-        if "\x00" in value:
-            raise errors.ValidationError(f"{field} contains a NUL character", field=field)
+        # NUL and lone surrogates: the entry is written after the change, in its transaction
+        # or not (a bulk call's next schedule), so what it cannot store is refused first.
+        validation.check_storable(value, field, errors.ValidationError)
         if len(value) > limit:
             raise errors.ValidationError(
                 f"{field} is {len(value)} characters long; at most {limit}", field=field
