@@ -323,8 +323,20 @@ def validate(
         start_at=start_at,
         end_at=end_at,
     )
+    if run_at is not None:
+        # A one-off may be a little late (max_lateness), so it is not judged from now; but
+        # outside [start_at, end_at] it would never fire, and the create would not say so.
+        outside = ("start_at", start_at) if start_at and run_at < start_at else None
+        outside = ("end_at", end_at) if end_at and run_at > end_at else outside
+        if outside is not None:
+            raise errors.InvalidTiming(
+                f"run_at {run_at.isoformat()} is outside [start_at, end_at]: the one-off "
+                "would never fire",
+                field=outside[0],
+            )
+        return spec
     first = first_fire(spec, anchor=now, at=max(now, start_at) if start_at else now)
-    if kind is not ScheduleKind.ONE_OFF and (first is None or (end_at and first > end_at)):
+    if first is None or (end_at and first > end_at):
         raise errors.InvalidTiming(
             "the schedule never fires between start_at and end_at", field="end_at"
         )

@@ -68,6 +68,23 @@ def test_one_off_cursor_is_run_at(clock: FrozenClock) -> None:
     assert (schedule.kind, schedule.next_run_at) == ("ONE_OFF", run_at)
 
 
+@pytest.mark.parametrize(
+    ("bounds", "field"),
+    [
+        ({"end_at": NOW + timedelta(days=1)}, "end_at"),
+        ({"start_at": NOW + timedelta(days=3)}, "start_at"),
+    ],
+)
+def test_a_one_off_outside_its_start_and_end_is_refused(
+    clock: FrozenClock, bounds: dict[str, Any], field: str
+) -> None:
+    """Its run_at (in 2 days) would never fire: planning passes over it and completes."""
+    with pytest.raises(errors.InvalidTiming, match="never fire") as refused:
+        make(clock, cron=None, run_at=NOW + timedelta(days=2), **bounds)
+    assert refused.value.field == field
+    assert Schedule.objects.count() == 0
+
+
 def test_idempotency_key_returns_same_schedule(clock: FrozenClock) -> None:
     first = make(clock, idempotency_key="nightly")
     again = make(clock, idempotency_key="nightly")
