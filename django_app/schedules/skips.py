@@ -33,6 +33,9 @@ from django_app.querysets import transition
 from django_app.schedules import validation
 from django_app.schedules.reads import SKIP_REASON, get_schedule, skip_key
 
+#: Longest skip note: the marker's ``reason`` column holds ``"<SKIP_REASON>: <note>"``.
+MAX_NOTE = (Occurrence._meta.get_field("reason").max_length or 0) - len(f"{SKIP_REASON}: ")
+
 
 @retry_lock_conflicts
 def skip_occurrence(
@@ -44,7 +47,8 @@ def skip_occurrence(
     now: datetime,
 ) -> SkipResult:
     """See :func:`celery_scheduler.api.skip_occurrence`."""
-    note = validation.checked_text(note, "note", max_length=300)
+    # The note is kept in the marker's reason (a 200-character column) after the prefix.
+    note = validation.checked_text(note, "note", max_length=MAX_NOTE)
     target = validation.aware_datetime(scheduled_for, "scheduled_for")
     reason = f"{SKIP_REASON}: {note}" if note else SKIP_REASON
     get_schedule(schedule_id, tenant)  # not found / other tenant, before taking a lock

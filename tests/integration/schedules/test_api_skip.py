@@ -87,6 +87,19 @@ def test_skip_an_already_materialized_occurrence(clock: FrozenClock) -> None:
     assert claim.claim(occ.id, worker="w", clock=clock).outcome.value == "DUPLICATE"
 
 
+def test_a_skip_note_is_as_long_as_the_markers_reason_can_keep(clock: FrozenClock) -> None:
+    """The note goes into the marker's 200-character reason after "skipped by operator: "
+    (a 250-character note was accepted, then PostgreSQL refused the row: a 500 over HTTP)."""
+    s = make(clock)
+    materialize_due(clock=clock, horizon=timedelta(minutes=10))
+    with pytest.raises(errors.ValidationError, match="at most 179") as refused:
+        api.skip_occurrence(s.id, scheduled_for=T10, note="n" * 180, clock=clock)
+    assert refused.value.field == "note"
+    assert Occurrence.objects.get(scheduled_for=T10).state == "SCHEDULED"
+    api.skip_occurrence(s.id, scheduled_for=T10, note="n" * 179, clock=clock)
+    assert Occurrence.objects.get(scheduled_for=T10).reason == f"skipped by operator: {'n' * 179}"
+
+
 def test_a_skip_survives_pause_and_resume(clock: FrozenClock) -> None:
     s = make(clock)
     api.skip_occurrence(s.id, scheduled_for=T10, clock=clock)
