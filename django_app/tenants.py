@@ -26,7 +26,7 @@ FIELDS = frozenset({"name", "relay_weight", *QUOTA_FIELDS})
 #: A quota above this is a typo, not a plan (and must fit a 32-bit column).
 MAX_QUOTA = 2_000_000_000
 MAX_RELAY_WEIGHT = 1000
-_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")
+_SLUG = re.compile(r"[-a-zA-Z0-9_]{1,64}")
 
 
 def info(tenant: Tenant) -> TenantInfo:
@@ -59,7 +59,7 @@ def _validate(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _slug(slug: Any) -> str:
-    if not isinstance(slug, str) or not _SLUG.match(slug):
+    if not isinstance(slug, str) or not _SLUG.fullmatch(slug):
         raise errors.ValidationError(
             f"slug must be 1-64 letters, digits, '-' or '_', got {slug!r}", field="slug"
         )

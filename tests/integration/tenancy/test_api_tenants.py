@@ -59,6 +59,7 @@ def test_create_get_update_and_list_tenants(frozen_clock: FrozenClock) -> None:
     [
         ({"slug": "Not A Slug"}, "slug"),
         ({"slug": ""}, "slug"),
+        ({"slug": "acme\n"}, "slug"),  # a $ would match before the final newline
         ({"slug": "ok", "max_schedules": -1}, "max_schedules"),
         ({"slug": "ok", "max_trigger_rate": "10"}, "max_trigger_rate"),
         ({"slug": "ok", "max_running": True}, "max_running"),
