@@ -151,6 +151,8 @@ def schedule_preview(request: HttpRequest, model_admin: Any) -> JsonResponse:
             "kind": schedule.kind,
             "cron": schedule.cron,
             "timezone": schedule.timezone,
+            "dst_gap": schedule.dst_gap,
+            "dst_fold": schedule.dst_fold,
             "interval_seconds": str(schedule.interval_seconds or ""),
             "run_at": schedule.run_at.isoformat() if schedule.run_at else "",
             "start_at": schedule.start_at.isoformat() if schedule.start_at else "",

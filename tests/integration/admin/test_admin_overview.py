@@ -50,6 +50,18 @@ class TestPreview:
         assert flagged == [2]
         assert "skipped" in body["rows"][2]["note"]
 
+    def test_a_stored_schedule_is_previewed_with_its_dst_policy(
+        self, login: Any, make_schedule: Any
+    ) -> None:
+        """SHIFT moves the nonexistent 02:30 of 29 March to 03:00 CEST (01:00 UTC), as the
+        materializer plans it; the preview of the saved row used SKIP and showed 30 March."""
+        schedule = make_schedule(cron="30 2 * * *", timezone="Europe/Berlin",
+                                 dst_gap="SHIFT", dst_fold="BOTH")  # fmt: skip
+        body = login("acme").get(PREVIEW, {"schedule": str(schedule.id),
+                                           "from": "2026-03-28 12:00"}).json()  # fmt: skip
+        assert body["ok"], body
+        assert body["rows"][0]["utc"] == "2026-03-29T01:00:00+00:00"
+
     def test_fall_back_marks_the_repeated_hour(self, login: Any) -> None:
         body = (
             login("acme")
