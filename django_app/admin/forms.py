@@ -191,10 +191,11 @@ class ScheduleForm(forms.ModelForm):
         for name, default in (("dst_gap", DstGap.SKIP), ("dst_fold", DstFold.FIRST)):
             if name not in self.fields:  # read-only for a view-only user
                 continue
-            # Absent from a POST (a script written before the field existed) means the
-            # default, and is no change: a save without them makes no new version.
+            # Absent from a POST (a script written before the field existed) means no
+            # change: the stored policy on an edit, the default on a create.
+            stored = None if self.instance._state.adding else getattr(self.instance, name)
             self.fields[name].required = False
-            self.fields[name].empty_value = default.value  # type: ignore[attr-defined]
+            self.fields[name].empty_value = stored or default.value  # type: ignore[attr-defined]
         if "tenant" in self.fields:
             self.fields["tenant"].required = False
             self.fields["tenant"].empty_label = _("(default tenant)")  # type: ignore[attr-defined]

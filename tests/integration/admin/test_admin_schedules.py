@@ -179,6 +179,19 @@ class TestEdit:
         assert schedule.version == 1
         assert "version stays the same" in " ".join(messages_of(response))
 
+    def test_a_save_without_the_dst_fields_keeps_the_stored_policy(
+        self, login: Any, make_schedule: Any
+    ) -> None:
+        """A POST that leaves dst_gap/dst_fold out (a script written before they existed)
+        changes nothing of them: it reset a SHIFT/BOTH schedule to SKIP/FIRST."""
+        schedule = make_schedule(cron="30 2 * * *", timezone="Europe/Berlin",
+                                 dst_gap="SHIFT", dst_fold="BOTH")  # fmt: skip
+        data = {k: v for k, v in edit_data(schedule).items() if k not in ("dst_gap", "dst_fold")}
+        response = login("acme").post(change_url(schedule), data)
+        assert response.status_code == 302, response.content.decode()[:2000]
+        schedule.refresh_from_db()
+        assert (schedule.dst_gap, schedule.dst_fold, schedule.version) == ("SHIFT", "BOTH", 1)
+
     def test_edit_error_changes_nothing(self, login: Any, make_schedule: Any) -> None:
         schedule = make_schedule(cron="0 * * * *")
         response = login("acme").post(change_url(schedule), edit_data(schedule, cron="0 25 * * *"))
