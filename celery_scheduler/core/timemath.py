@@ -684,11 +684,20 @@ def fire_times(
 
 def describe_cron(expression: str) -> str:
     """Human text for a validated cron expression, e.g. "At 09:00, Monday through Friday"."""
-    _compile_cron(expression)
+    spec = _compile_cron(expression)
     text = MACROS.get(expression.strip().lower(), expression.strip())
     options = cron_descriptor.Options()
     options.use_24hour_time_format = True
-    return str(cron_descriptor.ExpressionDescriptor(text, options).get_description())
+    descriptor = cron_descriptor.ExpressionDescriptor(text, options)
+    described = str(descriptor.get_description())
+    if spec.day_or:
+        # Both day fields restricted: Vixie cron runs on a day either one matches, where
+        # cron-descriptor words them as both ("..., only on Monday").
+        weekdays = str(descriptor.get_description(cron_descriptor.DescriptionTypeEnum.DAYOFWEEK))
+        if weekdays and weekdays in described:
+            days = weekdays.removeprefix(", ").removeprefix("only on ")
+            described = described.replace(weekdays, f", or on {days}", 1)
+    return described
 
 
 def describe_dst(trigger: CronTrigger) -> str:

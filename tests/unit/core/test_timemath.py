@@ -483,6 +483,38 @@ def test_describe_cron() -> None:
         timemath.describe_cron("0 0 30 2 *")
 
 
+@pytest.mark.parametrize(
+    ("expression", "described", "june_days"),
+    [
+        (
+            "0 9 1-7 * 1",
+            "At 09:00, between day 1 and 7 of the month, or on Monday",
+            [1, 2, 3, 4, 5, 6, 7, 8, 15],
+        ),
+        (
+            "0 9 15 * MON-FRI",
+            "At 09:00, on day 15 of the month, or on Monday through Friday",
+            [1, 2, 3, 4, 5, 8, 9, 10, 11],
+        ),
+        # A day field that is a step from * leaves the other to restrict (no OR).
+        (
+            "30 2 */2 * 1-5",
+            "At 02:30, every 2 days, Monday through Friday",
+            [1, 3, 5, 9, 11, 15, 17, 19, 23],
+        ),
+    ],
+)
+def test_the_description_says_or_where_vixie_cron_runs_on_either_day_field(
+    expression: str, described: str, june_days: list[int]
+) -> None:
+    """cron-descriptor reads two restricted day fields as both ("..., only on Monday");
+    the parser, as Vixie cron, runs on a day that either matches, and so does the text."""
+    assert timemath.describe_cron(expression) == described
+    trigger = CronTrigger(expression=expression, timezone="UTC")
+    rows = timemath.preview(trigger, start=utc(2026, 6, 1), count=9)  # 1 June is a Monday
+    assert [row.utc.day for row in rows] == june_days
+
+
 def test_next_after_is_fast_in_hot_loops() -> None:
     triggers = [
         CronTrigger(expression="* * * * *", timezone="Europe/Berlin"),
