@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from celery_scheduler.core import timeset
 from celery_scheduler.core.enums import MisfirePolicy, OccurrenceState
@@ -44,41 +44,26 @@ def is_taken(state: str, attempt_count: int) -> bool:
     return not (state == OccurrenceState.CANCELED and attempt_count == 0)
 
 
-def earliest_never_claimed(schedule: Schedule) -> datetime | None:
-    """The earliest time whose occurrence the coming invalidation cancels before any claim.
-
-    Call before the version's unclaimed occurrences are canceled. RETRY_WAIT (and ENQUEUED
-    again after a lost lease) has been claimed: it is invalidated, but its time is not
-    re-planned.
-    """
-    return (
-        Occurrence.objects.unclaimed()
-        .filter(
-            schedule=schedule,
-            schedule_version__lte=schedule.version,
-            attempt_count=0,
-            manual=False,
-        )
-        .order_by("scheduled_for")
-        .values_list("scheduled_for", flat=True)
-        .first()
+def _never_claimed_rows(schedule: Schedule) -> QuerySet[Occurrence]:
+    # RETRY_WAIT (and ENQUEUED again after a lost lease) has been claimed: it is
+    # invalidated, but its time is not re-planned.
+    return Occurrence.objects.unclaimed().filter(
+        schedule=schedule, schedule_version__lte=schedule.version, attempt_count=0, manual=False
     )
+
+
+def earliest_never_claimed(schedule: Schedule) -> datetime | None:
+    """The earliest time whose occurrence the coming invalidation cancels before any claim
+    (call it before the version's unclaimed occurrences are canceled)."""
+    rows = _never_claimed_rows(schedule).order_by("scheduled_for")
+    return rows.values_list("scheduled_for", flat=True).first()
 
 
 def never_claimed(schedule: Schedule) -> set[datetime]:
     """The times of the fire rows the coming invalidation cancels before any claim (call it
     before the invalidation): runs an older version decided and the workers have not
     started yet, which :func:`start_version_at` takes over as ``owed``."""
-    return set(
-        Occurrence.objects.unclaimed()
-        .filter(
-            schedule=schedule,
-            schedule_version__lte=schedule.version,
-            attempt_count=0,
-            manual=False,
-        )
-        .values_list("scheduled_for", flat=True)
-    )
+    return set(_never_claimed_rows(schedule).values_list("scheduled_for", flat=True))
 
 
 def start_version_at(
