@@ -355,7 +355,7 @@ def _policy(enum: type[DstGap] | type[DstFold], value: object, name: str) -> Any
     except ValueError:
         choices = ", ".join(m.value for m in enum)
         raise errors.InvalidPolicy(
-            f"{name} {_short_repr(value)} is not one of {choices}", field=name
+            f"{name} {short_repr(value)} is not one of {choices}", field=name
         ) from None
 
 
@@ -561,19 +561,20 @@ def parse_interval(value: object, name: str = "interval") -> timedelta:
         seconds = int(value.strip())
     if seconds is None:
         raise errors.InvalidTiming(
-            f"{name} must be a whole number of seconds, got {_short_repr(value)}", field=name
+            f"{name} must be a whole number of seconds, got {short_repr(value)}", field=name
         )
     if not 1 <= seconds <= MAX_INTERVAL.total_seconds():
         raise errors.InvalidTiming(
             f"{name} must be from 1 second to {MAX_INTERVAL.days} days "
-            f"({int(MAX_INTERVAL.total_seconds())} s), got {_short_repr(value)}; use a cron "
+            f"({int(MAX_INTERVAL.total_seconds())} s), got {short_repr(value)}; use a cron "
             "for longer periods",
             field=name,
         )
     return timedelta(seconds=seconds)
 
 
-def _short_repr(value: object) -> str:
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to 40 characters, for messages that quote a refused value."""
     try:
         text = repr(value)
     except ValueError:  # an int past Python's 4300-digit str() limit

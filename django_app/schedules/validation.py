@@ -547,11 +547,12 @@ def aware_datetime(value: Any, name: str) -> datetime | None:
 def bounded_int(value: Any, name: str, *, default: int, low: int, high: int | None) -> int:
     if value is None:
         return default
+    shown = timemath.short_repr(value)  # an int past 4,300 digits cannot be printed whole
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidPolicy(f"{name} must be an integer, got {value!r}", field=name)
+        raise errors.InvalidPolicy(f"{name} must be an integer, got {shown}", field=name)
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise errors.InvalidPolicy(f"{name} must be {bound}, got {value}", field=name)
+        raise errors.InvalidPolicy(f"{name} must be {bound}, got {shown}", field=name)
     return value
 
 
@@ -608,8 +609,14 @@ def _check_json(value: Any, name: str, limit: int) -> int:
             check_storable(item, name, errors.InvalidArguments, f"a string in {name}")
         elif isinstance(item, dict):
             for key, child in item.items():
-                if isinstance(key, str):
-                    check_storable(key, name, errors.InvalidArguments, f"a key in {name}")
+                if not isinstance(key, str):
+                    # JSON keys are text: 1 would come back as "1", beside a "1" of its own.
+                    raise errors.InvalidArguments(
+                        f"a key in {name} must be text, got {timemath.short_repr(key)} "
+                        f"({type(key).__name__})",
+                        field=name,
+                    )
+                check_storable(key, name, errors.InvalidArguments, f"a key in {name}")
                 stack.append((child, depth + 1))
         elif isinstance(item, list | tuple):
             stack.extend((child, depth + 1) for child in item)

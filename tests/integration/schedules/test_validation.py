@@ -30,6 +30,11 @@ BASE: dict[str, Any] = {"name": "n", "task": "billing.ping", "cron": "* * * * *"
         ({"args": [{1, 2}]}, errors.InvalidArguments, "args", "JSON"),
         ({"kwargs": [1]}, errors.InvalidArguments, "kwargs", "object"),
         ({"kwargs": {"x": float("nan")}}, errors.InvalidArguments, "kwargs", "JSON"),
+        # JSON keys are text: a nested 1 beside "a" made the content hash raise TypeError.
+        ({"kwargs": {"x": {1: 2, "a": 3}}}, errors.InvalidArguments, "kwargs", "must be text"),
+        ({"args": [{1: "a", "1": "b"}]}, errors.InvalidArguments, "args", "must be text"),
+        # An int past 4,300 digits cannot be printed whole in the message.
+        ({"priority": 10**5000}, errors.InvalidPolicy, "priority", "too large to print"),
         ({"misfire_policy": "SOMETIMES"}, errors.InvalidPolicy, "misfire_policy", "CATCH_UP"),
         ({"overlap_policy": "REPLACE"}, errors.InvalidPolicy, "overlap_policy", "QUEUE_ONE"),
         ({"flexible_window": -5}, errors.InvalidPolicy, "flexible_window", "between"),
