@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_scheduler.core.clock import Clock
-from django_app.schedules import audit, lifecycle
+from django_app.schedules import audit, lifecycle, validation
 from django_app.schedules.lifecycle import LifecycleResult
 
 
@@ -45,6 +45,9 @@ def pause_schedule(
     clock: Clock | None = None,
 ) -> LifecycleResult:
     """Pause; without a ``reason`` the note is the audit reason."""
+    # The note's own limits first: a bad note is an error on ``note``, not on the reason
+    # it would become.
+    note = validation.checked_text(note, "note", max_length=500)
     return run(
         "pause",
         lifecycle_call=lifecycle.pause_schedule,

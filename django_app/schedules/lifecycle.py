@@ -21,7 +21,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 
 from celery_scheduler import errors
-from celery_scheduler.core import ids
+from celery_scheduler.core import ids, timemath
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import (
     MisfirePolicy,
@@ -677,16 +677,32 @@ def _unpark(schedule: Schedule) -> None:
     schedule.parked_at = None
 
 
-def _check_version(schedule: Schedule, expected: int | None) -> None:
-    if expected is None or int(expected) == schedule.version:
+def _check_version(schedule: Schedule, expected: int | str | None) -> None:
+    if expected is None:
+        return
+    loaded = _version_number(expected)
+    if loaded == schedule.version:
         return
     raise errors.VersionConflict(
         f"schedule {schedule.id} was changed since you loaded it: you edited version "
-        f"{int(expected)}, it is now version {schedule.version}; reload it and apply your "
+        f"{loaded}, it is now version {schedule.version}; reload it and apply your "
         "change again",
-        expected=int(expected),
+        expected=loaded,
         actual=schedule.version,
     )
+
+
+def _version_number(expected: object) -> int:
+    """``expected_version`` as the version number it names: an int, or its decimal text."""
+    if isinstance(expected, str) and expected.strip().isdecimal():
+        return int(expected)
+    if isinstance(expected, bool) or not isinstance(expected, int):
+        raise errors.ValidationError(
+            f"expected_version must be the version number you loaded, got "
+            f"{timemath.short_repr(expected)}",
+            field="expected_version",
+        )
+    return expected
 
 
 def _require_state(schedule: Schedule, state: ScheduleState, verb: str) -> None:

@@ -137,6 +137,30 @@ def test_update_with_a_stale_expected_version_conflicts_and_writes_nothing(
     assert api.update_schedule(schedule.id, clock=clock, name="bob", expected_version=2).version
 
 
+@pytest.mark.parametrize("expected", ["abc", [1], True, 2.7])
+def test_an_expected_version_that_is_not_a_version_number_is_refused(
+    clock: FrozenClock, expected: Any
+) -> None:
+    """It raised ValueError or TypeError, or took True for version 1 and 2.7 for 2."""
+    schedule = make(clock)
+    with pytest.raises(errors.ValidationError, match="expected_version") as refused:
+        api.update_schedule(schedule.id, clock=clock, name="x", expected_version=expected)
+    assert refused.value.field == "expected_version"
+    schedule.refresh_from_db()
+    assert schedule.version == 1
+    # The version's decimal text is the version (a form or a query string sends text).
+    assert api.update_schedule(schedule.id, clock=clock, name="x", expected_version="1").changed
+
+
+def test_a_pause_notes_error_names_the_note(clock: FrozenClock) -> None:
+    """The note becomes the audit reason when none is given: its own check comes first."""
+    schedule = make(clock)
+    for note in ("n" * 3000, "a\x00b"):  # past the reason's 2,000 characters; a NUL
+        with pytest.raises(errors.ValidationError) as refused:
+            api.pause_schedule(schedule.id, note=note, clock=clock)
+        assert refused.value.field == "note"
+
+
 # --- replay -------------------------------------------------------------------------------
 
 
