@@ -718,5 +718,9 @@ def validate_tags(value: Any) -> dict[str, str]:
             )
         check_storable(key, "tags", errors.ValidationError, f"tag key {key!r}")
         check_storable(tag_value, "tags", errors.ValidationError, f"tag {key!r}")
+        if key.strip() in tags:  # "a" and " a" are one key once stripped: which value?
+            raise errors.ValidationError(
+                f"tag key {key!r} is the key {key.strip()!r} given twice", field="tags"
+            )
         tags[key.strip()] = tag_value
     return tags
