@@ -61,6 +61,7 @@ def tenant_by_slug(slug: str | None, *, field: str = "tenant") -> Tenant | None:
         return slug
     if not isinstance(slug, str) or not slug:
         raise errors.ValidationError(f"{field} must be a tenant slug, got {slug!r}", field=field)
+    validation.check_storable(slug, field, errors.ValidationError)  # the lookup would fail
     tenant = Tenant.objects.filter(slug=slug).first()
     if tenant is None:
         raise errors.ValidationError(f"Unknown tenant {slug!r}", field=field)

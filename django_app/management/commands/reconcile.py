@@ -131,8 +131,8 @@ class Command(BaseCommand):
         if end <= start:
             raise _usage(f"--to ({end.isoformat()}) must be after --from ({start.isoformat()})")
         max_days = options["max_days"]
-        if max_days < 1:
-            raise _usage(f"--max-days must be at least 1, got {max_days}")
+        if not 1 <= max_days <= timedelta.max.days:
+            raise _usage(f"--max-days must be from 1 to {timedelta.max.days}, got {max_days}")
         if end - start > timedelta(days=max_days):
             raise _window_too_long(start, end, max_days)
         schedule_ids = (

@@ -313,6 +313,14 @@ def test_a_window_above_the_maximum_is_refused_with_how_to_split_it(clock: Froze
     assert json.loads(out.getvalue())["ok"] is True  # nothing expected before the schedule
 
 
+def test_a_max_days_past_what_a_timedelta_holds_is_a_usage_error() -> None:
+    """It raised OverflowError (a traceback) building the window's bound."""
+    with pytest.raises(CommandError, match="--max-days must be from 1 to") as caught:
+        call_command("reconcile", "--from", "2000-01-01T00:00Z", "--to", "2000-01-02T00:00Z",
+                     "--max-days", "1000000000", stdout=StringIO())  # fmt: skip
+    assert caught.value.returncode == 2
+
+
 def test_progress_and_an_estimate_go_to_stderr(clock: FrozenClock) -> None:
     for i in range(3):
         create(clock, name=f"p{i}")

@@ -94,3 +94,11 @@ def test_rejected_with_precise_error_and_nothing_written(
 def test_every_validation_error_is_a_scheduler_error() -> None:
     assert issubclass(errors.InvalidCronExpression, errors.SchedulerError)
     assert issubclass(errors.UnknownTimeZone, ValueError)
+
+
+def test_a_tenant_slug_that_cannot_be_stored_is_a_validation_error() -> None:
+    """A lone surrogate reached the lookup, which raised UnicodeEncodeError (the CLI's
+    `schedules list --tenant $'\\xff'` printed a traceback)."""
+    with pytest.raises(errors.ValidationError) as refused:
+        api.list_schedules(tenant="\udcff")
+    assert refused.value.field == "tenant"
