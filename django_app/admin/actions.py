@@ -18,6 +18,7 @@ from django.utils.translation import ngettext
 
 from celery_scheduler import api, errors
 from celery_scheduler.core import ids
+from django_app.admin import bridge
 from django_app.compat import log_change
 from django_app.models import ManualRunKey, Occurrence, Schedule
 
@@ -37,10 +38,6 @@ def audit(request: HttpRequest, obj: Any, message: str) -> None:
     log_change(user_id, obj, message)
 
 
-def _actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
-
-
 def _api() -> Any:
     return api
 
@@ -58,7 +55,7 @@ def apply_lifecycle(
     done: list[tuple[Schedule, Any]] = []
     for schedule in schedules:
         try:
-            result = func(schedule.pk, actor=_actor(request), **extra)
+            result = func(schedule.pk, actor=bridge.actor(request), **extra)
             done.append((schedule, result))
             audit(request, schedule, f"{past.capitalize()}: {_describe(result)}")
         except errors.SchedulerError as exc:
@@ -94,7 +91,9 @@ def run_now(
     for schedule in schedules:
         known = key is not None and _already_run(schedule, key)
         try:
-            occurrence = _api().run_now(schedule.pk, actor=_actor(request), idempotency_key=key)
+            occurrence = _api().run_now(
+                schedule.pk, actor=bridge.actor(request), idempotency_key=key
+            )
         except errors.SchedulerError as exc:
             messages.warning(
                 request, format_html(_("Could not run “{}” now: {}"), schedule.name, str(exc))
@@ -143,7 +142,7 @@ def replay(request: HttpRequest, occurrences: Iterable[Occurrence]) -> int:
     replayed: list[Occurrence] = []
     for occurrence in occurrences:
         try:
-            replayed.append(_api().replay_occurrence(occurrence.pk, actor=_actor(request)))
+            replayed.append(_api().replay_occurrence(occurrence.pk, actor=bridge.actor(request)))
             audit(request, occurrence.schedule, f"Replayed DEAD occurrence {occurrence.pk}")
         except errors.SchedulerError as exc:
             messages.warning(

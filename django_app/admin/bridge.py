@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
+
 from celery_scheduler.core.enums import ScheduleKind
+
+
+def actor(request: HttpRequest | None) -> str | None:
+    """Who an admin change is by, for the audit trail (``admin:<username>``)."""
+    return None if request is None else f"admin:{request.user.get_username()}"
+
 
 #: Form field -> lifecycle API keyword (only where the names differ).
 FORM_TO_API = {

@@ -249,8 +249,9 @@ class ScheduleForm(forms.ModelForm):
         try:
             if self.instance._state.adding:
                 self.instance = api.create_schedule(
-                    tenant=self._tenant(), **bridge.api_values(self.cleaned_data)
-                )
+                    tenant=self._tenant(), actor=bridge.actor(self.request),
+                    **bridge.api_values(self.cleaned_data),
+                )  # fmt: skip
             else:
                 changed = set(self.changed_data) & {*bridge.API_FIELDS, "kind"}
                 if changed:
@@ -258,6 +259,7 @@ class ScheduleForm(forms.ModelForm):
                     self.lifecycle_result = api.update_schedule(
                         self.instance.pk,
                         expected_version=self.cleaned_data.get("loaded_version"),
+                        actor=bridge.actor(self.request),
                         **values,
                     )
                     self.instance = self.lifecycle_result.schedule

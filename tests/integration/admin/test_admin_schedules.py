@@ -192,6 +192,22 @@ class TestEdit:
         schedule.refresh_from_db()
         assert (schedule.dst_gap, schedule.dst_fold, schedule.version) == ("SHIFT", "BOTH", 1)
 
+    def test_the_audit_trail_names_the_admin_user_of_a_create_and_an_edit(
+        self, login: Any, make_schedule: Any
+    ) -> None:
+        """Admin actions recorded admin:<user>; a form's create and edit recorded no actor."""
+        from django_app.models import AuditEntry, Schedule
+
+        client = login("acme")
+        assert client.post(ADD, form_data()).status_code == 302
+        schedule = Schedule.objects.get()
+        response = client.post(change_url(schedule), edit_data(schedule, cron="15 * * * *"))
+        assert response.status_code == 302, response.content.decode()[:2000]
+        trail = AuditEntry.objects.filter(schedule_id=schedule.id).order_by("id")
+        assert list(trail.values_list("action", "actor")) == [
+            ("create", "admin:alice"), ("update", "admin:alice"),
+        ]  # fmt: skip
+
     def test_edit_error_changes_nothing(self, login: Any, make_schedule: Any) -> None:
         schedule = make_schedule(cron="0 * * * *")
         response = login("acme").post(change_url(schedule), edit_data(schedule, cron="0 25 * * *"))
