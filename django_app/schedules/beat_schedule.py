@@ -28,7 +28,7 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import ScheduleKind, ScheduleState
 from django_app.models import Schedule
-from django_app.schedules import lifecycle
+from django_app.schedules import audited, lifecycle
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,10 @@ def _changes(schedule: Schedule, values: Mapping[str, Any]) -> dict[str, Any]:
     return changes
 
 
+#: Who the audit trail names for what the sync of Celery's beat_schedule writes.
+ACTOR = "beat_schedule"
+
+
 def sync_entry(
     name: str, entry: Mapping[str, Any], *, timezone: str, clock: Clock | None = None
 ) -> str:
@@ -146,15 +150,16 @@ def sync_entry(
         schedule = existing.first()
         if schedule is None:
             lifecycle.create_schedule(
-                tenant=tenant, idempotency_key=key, clock=clock, source=SOURCE, **values
-            )
+                tenant=tenant, idempotency_key=key, clock=clock, source=SOURCE,
+                audited_by=(ACTOR, ""), **values,
+            )  # fmt: skip
             return "created"
         if schedule.state in (ScheduleState.CANCELED, ScheduleState.COMPLETED):
             return "unchanged"  # stopped on purpose (admin); the config does not resurrect it
         changes = _changes(schedule, values)
         if not changes:
             return "unchanged"
-        lifecycle.update_schedule(schedule.id, clock=clock, **changes)
+        audited.update_schedule(schedule.id, actor=ACTOR, clock=clock, **changes)
         return "updated"
 
 

@@ -43,7 +43,7 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app.management import queries
 from django_app.models import Schedule
-from django_app.schedules import lifecycle, validation
+from django_app.schedules import audited, lifecycle, validation
 
 PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
 
@@ -53,6 +53,10 @@ _COLUMNS = (
     "every period minute hour day_of_month month_of_year day_of_week "
     "timezone clocked_time solar_id"
 ).split()
+
+
+#: Who the audit trail names for what the import writes.
+ACTOR = "manage.py import_django_celery_beat"
 
 
 class Skip(Exception):
@@ -289,7 +293,7 @@ class Command(BaseCommand):
             with transaction.atomic():
                 schedule = lifecycle.create_schedule(
                     tenant=tenant_obj, idempotency_key=key, source="django_celery_beat",
-                    **plan.values,
+                    audited_by=(ACTOR, ""), **plan.values,
                 )  # fmt: skip
         except errors.IdempotencyConflict:
             return "exists"  # imported before, changed since: leave the imported one alone
@@ -297,5 +301,7 @@ class Command(BaseCommand):
             return "exists"
         plan.first_run = schedule.next_run_at
         if not plan.enabled:
-            lifecycle.pause_schedule(schedule.id)
+            audited.pause_schedule(
+                schedule.id, actor=ACTOR, reason="disabled in django-celery-beat"
+            )
         return "create"

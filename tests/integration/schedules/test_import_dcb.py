@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK
-from django_app.models import Schedule
+from django_app.models import AuditEntry, Schedule
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,6 +95,12 @@ def test_dry_run_reports_then_import_creates_idempotently(dcb: None) -> None:
     )  # fmt: skip
     assert interval.idempotency_key == f"dcb:{tasks['interval'].id}"
     assert (by_name["disabled"].interval_seconds, by_name["disabled"].state) == (7200, "PAUSED")
+    # Audited like any change, naming the import (it wrote no entry before).
+    trail = AuditEntry.objects.filter(schedule_id=by_name["disabled"].id).order_by("id")
+    assert list(trail.values_list("action", "actor", "reason")) == [
+        ("create", "manage.py import_django_celery_beat", ""),
+        ("pause", "manage.py import_django_celery_beat", "disabled in django-celery-beat"),
+    ]
     cron = by_name["cron"]
     assert (cron.kind, cron.cron, cron.timezone) == ("CRON", "30 2 * * *", "Europe/Berlin")
     one_off = by_name["clocked"]

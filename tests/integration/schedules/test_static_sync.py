@@ -11,7 +11,7 @@ from celery.schedules import crontab, schedule, solar
 from django.db import connection
 
 from celery_scheduler import api, errors
-from django_app.models import Schedule
+from django_app.models import AuditEntry, Schedule
 from django_app.schedules import beat_schedule
 
 
@@ -90,6 +90,11 @@ def test_changes_update_once_removed_entries_are_reported_canceled_stay_canceled
     b = Schedule.objects.get(idempotency_key="beat:b")
     assert (a.kwargs, a.version, a.interval_seconds) == ({"message": "2"}, 2, 60)
     assert (b.cron, b.timezone, b.version) == ("30 * * * *", "America/New_York", 2)
+    # Audited like any change, naming the sync (it wrote no entry before).
+    trail = AuditEntry.objects.filter(schedule_id=a.id).order_by("id")
+    assert list(trail.values_list("action", "actor")) == [
+        ("create", "beat_schedule"), ("update", "beat_schedule"),
+    ]  # fmt: skip
     assert beat_schedule.sync_beat_schedule(config, timezone="America/New_York").unchanged == [
         "a", "b",
     ]  # fmt: skip
