@@ -317,7 +317,7 @@ def validate(
         concurrency_limit=optional_int(
             values.get("concurrency_limit"), "concurrency_limit", 1, MAX_CONCURRENCY_LIMIT
         ),
-        concurrency_group=checked_text(values.get("concurrency_group"), "concurrency_group", 200),
+        concurrency_group=_concurrency_group(values.get("concurrency_group")),
         max_attempts=optional_int(values.get("max_attempts"), "max_attempts", 1, 1000),
         deadline_seconds=_optional_seconds(values.get("deadline"), "deadline"),
         start_at=start_at,
@@ -542,6 +542,22 @@ def aware_datetime(value: Any, name: str) -> datetime | None:
         )
     timemath.check_instant(value, name)  # far from year 1 and 9999, or InvalidTiming
     return value
+
+
+#: The slot key of a schedule without a group (``worker.claim.concurrency_key``): a group
+#: named so would share that schedule's slots.
+_OWN_SLOT_PREFIX = "schedule:"
+
+
+def _concurrency_group(value: Any) -> str:
+    group = checked_text(value, "concurrency_group", 200)
+    if group.startswith(_OWN_SLOT_PREFIX):
+        raise errors.InvalidPolicy(
+            f"concurrency_group {group!r}: names starting with {_OWN_SLOT_PREFIX!r} are the "
+            "schedules' own slots; pick another name",
+            field="concurrency_group",
+        )
+    return group
 
 
 def bounded_int(value: Any, name: str, *, default: int, low: int, high: int | None) -> int:

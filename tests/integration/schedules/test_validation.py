@@ -49,6 +49,13 @@ BASE: dict[str, Any] = {"name": "n", "task": "billing.ping", "cron": "* * * * *"
         ),
         ({"max_lateness": -1}, errors.InvalidPolicy, "max_lateness", "between"),
         ({"concurrency_limit": 0}, errors.InvalidPolicy, "concurrency_limit", "between"),
+        # A schedule without a group takes slots under "schedule:<its id>".
+        (
+            {"concurrency_group": "schedule:8e0f5a1c-0000-4000-8000-000000000000"},
+            errors.InvalidPolicy,
+            "concurrency_group",
+            "own slots",
+        ),
         ({"max_attempts": 0}, errors.InvalidPolicy, "max_attempts", "between"),
         ({"interval": 30}, errors.InvalidTiming, "interval", "exactly one"),
         ({"cron": None}, errors.InvalidTiming, "cron", "exactly one"),
