@@ -74,6 +74,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         started = SYSTEM_CLOCK.monotonic()
         idem_days = options["idem_days"]
+        if not 1 <= options["batch"] <= MAX_BATCH:  # prune() would name its own parameter
+            raise CommandError(f"--batch must be from 1 to {MAX_BATCH}, got {options['batch']}")
         try:
             report = prune(
                 now=SYSTEM_CLOCK.now(),

@@ -283,7 +283,7 @@ def test_schedule_versions_are_kept(schedule: Schedule) -> None:
     [
         (["--older-than", "0"], "at least 1 day"),
         (["--older-than", "soon"], "not a whole number"),
-        (["--older-than", "30", "--batch", "0"], "batch_size must be between 1"),
+        (["--older-than", "30", "--batch", "0"], "--batch must be from 1 to 10000, got 0"),
         (["--older-than", "30", "--idempotency-older-than", "0"], "at least 1 day"),
     ],
 )
