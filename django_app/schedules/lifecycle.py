@@ -438,10 +438,11 @@ def update_schedule(
         if spec.kind is ScheduleKind.INTERVAL and spec.start_at is None:
             schedule.start_at = now
         schedule.content_hash = spec.content_hash()
-        invalidated_from = replan.earliest_never_claimed(schedule)
+        never_claimed = replan.never_claimed(schedule)
+        invalidated_from = min(never_claimed, default=None)
         # The same trigger's runs an older version decided stay decided (a new trigger's
         # span starts at the update instead).
-        owed = set() if trigger_changed else replan.never_claimed(schedule)
+        owed = set() if trigger_changed else never_claimed
         old_cursor = schedule.next_run_at
         closed_at = _materialized_until(schedule, now)
         schedule.version += 1
