@@ -462,6 +462,8 @@ def skip_occurrence(
     *,
     note: str = "",
     tenant: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
     clock: Clock | None = None,
 ) -> SkipResult:
     """Skip one fire time without pausing the schedule: that time never runs.
@@ -470,7 +472,9 @@ def skip_occurrence(
     the next fire time); otherwise it must be a fire time of the schedule that has not
     passed unplanned. The skipped time shows as a CANCELED occurrence with the reason
     ``skipped by operator[: note]`` (so the reconciler does not report it absent), and
-    survives pause/resume and updates. Skipping the same time twice is harmless.
+    survives pause/resume and updates. Skipping the same time twice is harmless. ``actor``
+    and ``reason`` (who and why; without a ``reason`` the note is the audit reason) go to the
+    audit trail, written with the skip.
 
     Raises:
         celery_scheduler.errors.ValidationError: ``scheduled_for`` (or ``note``) is bad.
@@ -478,8 +482,11 @@ def skip_occurrence(
             or finished, or the schedule is canceled/completed.
         celery_scheduler.errors.ScheduleNotFound: no such schedule (in that tenant).
     """
+    audited_by = audit.check(actor, reason)
     now = (clock or SYSTEM_CLOCK).now()
-    return skips.skip_occurrence(schedule_id, scheduled_for, note=note, tenant=tenant, now=now)
+    return skips.skip_occurrence(
+        schedule_id, scheduled_for, note=note, tenant=tenant, audited_by=audited_by, now=now
+    )
 
 
 _BULK_DOC = """{verb} every schedule matching the filter; report what happened to each.
@@ -539,6 +546,8 @@ def backfill(
     *,
     overlap_policy: str | None = None,
     tenant: str | None = None,
+    actor: str | None = None,
+    reason: str | None = None,
     clock: Clock | None = None,
 ) -> BackfillReport:
     """Run the schedule's fire times in the past range ``[start, end)`` as occurrences.
@@ -564,13 +573,17 @@ def backfill(
         overlap_policy: ``ALLOW``, ``SKIP_IF_RUNNING`` or ``QUEUE_ONE`` for these
             occurrences (default: the schedule's policy at claim time).
         tenant: A tenant slug: another tenant's schedule is ``ScheduleNotFound``.
+        actor, reason: Who makes the call and why, for the audit trail (its entry, written
+            with the backfill, holds the range and how many runs it created).
 
     Raises:
         celery_scheduler.errors.ValidationError: a bad range or policy (``field`` names
             it); nothing is written.
         celery_scheduler.errors.InvalidStateTransition: the schedule is canceled.
     """
+    audited_by = audit.check(actor, reason)
     now = (clock or SYSTEM_CLOCK).now()
     return backfill_module.backfill(
-        schedule_id, start, end, overlap_policy=overlap_policy, tenant=tenant, now=now
-    )
+        schedule_id, start, end, overlap_policy=overlap_policy, tenant=tenant,
+        audited_by=audited_by, now=now,
+    )  # fmt: skip

@@ -166,12 +166,12 @@ class RunNowRequest(ReasonRequest):
     idempotency_key = _text(help_text="The same key returns the same manual run.")
 
 
-class SkipRequest(Strict):
+class SkipRequest(ReasonRequest):
     scheduled_for = AwareDateTimeField(required=False, help_text="Default: the next one.")
     note = _text()
 
 
-class BackfillRequest(Strict):
+class BackfillRequest(ReasonRequest):
     start = AwareDateTimeField()
     end = AwareDateTimeField()
     overlap_policy = _choice(OverlapPolicy)

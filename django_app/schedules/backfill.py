@@ -60,7 +60,7 @@ from celery_scheduler.core.timemath import fire_times
 from django_app.db.retry import retry_lock_conflicts
 from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, PrunedHistory, Schedule, Tenant
-from django_app.schedules import validation
+from django_app.schedules import audit, validation
 from django_app.schedules.reads import BACKFILL_REASON, get_schedule
 from django_app.tenancy import budget
 
@@ -82,9 +82,14 @@ def backfill(
     *,
     overlap_policy: str | None = None,
     tenant: str | None = None,
+    audited_by: tuple[str, str] = ("", ""),
     now: datetime,
 ) -> BackfillReport:
-    """See :func:`celery_scheduler.api.backfill`."""
+    """See :func:`celery_scheduler.api.backfill`.
+
+    ``audited_by`` is the ``(actor, reason)`` pair :func:`audit.check` passed; the entry is
+    written in the backfill's transaction, with the range and the runs it created.
+    """
     lo = validation.aware_datetime(start, "start")
     hi = validation.aware_datetime(end, "end")
     if lo is None:
@@ -139,6 +144,10 @@ def backfill(
             if row["id"] in created
         )  # fmt: skip
         releases = [row["available_at"] for row in rows if row["id"] in created]
+        audit.entry(
+            "backfill", schedule, actor=audited_by[0], reason=audited_by[1], at=now,
+            detail={"start": lo.isoformat(), "end": hi.isoformat(), "created": len(created)},
+        ).save(force_insert=True)  # fmt: skip
         return BackfillReport(
             schedule_id=schedule.id,
             start=lo,

@@ -30,7 +30,7 @@ from django_app.db.retry import retry_lock_conflicts
 from django_app.materialize.per_schedule import insert_ignore, trigger_for
 from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.querysets import transition
-from django_app.schedules import validation
+from django_app.schedules import audit, validation
 from django_app.schedules.reads import SKIP_REASON, get_schedule, skip_key
 
 #: Longest skip note: the marker's ``reason`` column holds ``"<SKIP_REASON>: <note>"``.
@@ -44,9 +44,14 @@ def skip_occurrence(
     *,
     note: str = "",
     tenant: str | None = None,
+    audited_by: tuple[str, str] = ("", ""),
     now: datetime,
 ) -> SkipResult:
-    """See :func:`celery_scheduler.api.skip_occurrence`."""
+    """See :func:`celery_scheduler.api.skip_occurrence`.
+
+    ``audited_by`` is the ``(actor, reason)`` pair :func:`audit.check` passed; the entry is
+    written in the skip's transaction, so a skip is never made without it.
+    """
     # The note is kept in the marker's reason (a 200-character column) after the prefix.
     note = validation.checked_text(note, "note", max_length=MAX_NOTE)
     target = validation.aware_datetime(scheduled_for, "scheduled_for")
@@ -89,6 +94,11 @@ def skip_occurrence(
             schedule.save(update_fields=["skip_times", "updated_at"])
         if occurrence is None and schedule.state == ScheduleState.ACTIVE:
             _mark(schedule, target, reason, now)
+        actor, why = audited_by
+        audit.entry(
+            "skip", schedule, actor=actor, reason=why or note, at=now,
+            detail={"scheduled_for": target.isoformat()},
+        ).save(force_insert=True)  # fmt: skip
         return SkipResult(
             schedule_id=schedule.id,
             scheduled_for=target,

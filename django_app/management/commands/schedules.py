@@ -1,6 +1,7 @@
 """``manage.py schedules list|describe|backfill``: the management API's reads for shells.
 
-Thin over ``celery_scheduler.api`` (``list_schedules``, ``describe_schedule``, ``backfill``);
+Thin over ``celery_scheduler.api`` (``list_schedules``, ``describe_schedule``, ``backfill``,
+whose audit entry names ``manage.py schedules`` and ``--reason``);
 ``--json`` prints the API's typed result as JSON (``api_types.as_json``) for scripts.
 Exit codes: 0 done, 1 not found or refused by the schedule's state, 2 bad arguments (the
 message names the option).
@@ -22,7 +23,10 @@ _OPTIONS = {
     **{name: "--" + name.replace("_", "-") for name in SCHEDULE_FILTERS},
     "after": "--cursor", "next_count": "--next", "last_count": "--last",
     "overlap_policy": "--overlap-policy", "start": "--start", "end": "--end",
+    "reason": "--reason",
 }  # fmt: skip
+#: Who a backfill's audit entry names.
+ACTOR = "manage.py schedules"
 
 
 def _instant(option: str) -> Any:
@@ -70,6 +74,7 @@ class Command(BaseCommand):
         backfill.add_argument("--end", required=True, type=_instant("--end"))
         backfill.add_argument("--overlap-policy")
         backfill.add_argument("--tenant")
+        backfill.add_argument("--reason", help="why, for the audit trail")
         backfill.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -100,6 +105,7 @@ class Command(BaseCommand):
         report = api.backfill(
             o["schedule_id"], o["start"], o["end"],
             overlap_policy=o["overlap_policy"], tenant=o["tenant"],
+            actor=ACTOR, reason=o["reason"],
         )  # fmt: skip
         text = (
             f"{report.fire_times} fire times in [{report.start.isoformat()}, "

@@ -152,6 +152,11 @@ def test_changes_are_audited_with_the_token_or_user_as_actor(
     assert acme.post(f"schedules/{sid}/pause/", {"note": "freeze"}).status == 200
     again = acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": "click-1"})
     assert acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": "click-1"}).body == again.body
+    start, end = _past_range()
+    window = {"start": start.isoformat(), "end": end.isoformat(), "reason": "outage"}
+    assert acme.post(f"schedules/{sid}/backfill/", window).status == 200
+    assert acme.post(f"schedules/{sid}/resume/").status == 200
+    assert acme.post(f"schedules/{sid}/skip/", {"note": "holiday"}).status == 200
     root = session_client(
         live_server.url, User.objects.create_superuser("root", "root@example.com", "pw")
     )
@@ -168,9 +173,13 @@ def test_changes_are_audited_with_the_token_or_user_as_actor(
         ("pause", token, "freeze"),
         ("run_now", token, ""),
         ("run_now", token, ""),
+        ("backfill", token, "outage"),
+        ("resume", token, ""),
+        ("skip", token, "holiday"),
         ("cancel", "user:root", "done"),
     ], entries
-    assert Occurrence.objects.filter(schedule_id=sid, manual=True).count() == 1
+    runs_now = Occurrence.objects.filter(schedule_id=sid, manual=True, schedule_version__gt=0)
+    assert runs_now.count() == 1
 
 
 def test_bulk_actions_by_filter_report_each_schedule(acme: HttpClient) -> None:

@@ -15,7 +15,7 @@ from django.test import Client
 
 from celery_scheduler import api, errors
 from django_app.http import tokens
-from django_app.models import ApiToken, Occurrence, Schedule, Tenant
+from django_app.models import ApiToken, AuditEntry, Occurrence, Schedule, Tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -121,11 +121,16 @@ def test_schedules_list_describe_backfill_commands() -> None:
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
     args = ("schedules", "backfill", str(made[0].id), "--start", hour.isoformat(),
             "--end", (hour + timedelta(minutes=30)).isoformat())  # fmt: skip
-    report = json.loads(run(*args, "--json")[0])
+    report = json.loads(run(*args, "--reason", "outage OPS-9", "--json")[0])
     assert report["fire_times"] == 3
     assert len(report["created"]) == 3
     assert "3 already backfilled" in run(*args)[0]
     assert Occurrence.objects.filter(schedule=made[0]).count() == 3
+    trail = AuditEntry.objects.filter(schedule=made[0], action="backfill").order_by("at", "pk")
+    assert [(e.actor, e.reason, e.detail["created"]) for e in trail] == [
+        ("manage.py schedules", "outage OPS-9", 3),
+        ("manage.py schedules", "", 0),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -141,6 +146,11 @@ def test_schedules_list_describe_backfill_commands() -> None:
         (("schedules", "describe", "{id}", "--next", "0"), 2, "--next"),
         (("schedules", "describe", "{id}", "--tenant", "other"), 1, "No schedule"),
         (("schedules", "backfill", "{id}", "--start", "x", "--end", "y"), 2, "--start"),
+        (
+            ("schedules", "backfill", "{id}", "--start", "2020-01-01T00:00:00+00:00",
+             "--end", "2020-01-02T00:00:00+00:00", "--reason", "r" * 2001),
+            2, "--reason",
+        ),
         (
             ("schedules", "backfill", "{id}", "--start", "2020-01-02T00:00:00+00:00",
              "--end", "2020-01-01T00:00:00+00:00"),

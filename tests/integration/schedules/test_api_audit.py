@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from celery_scheduler import api, errors
-from django_app.models import AuditEntry, Schedule
+from celery_scheduler.core.clock import FrozenClock
+from django_app.models import AuditEntry, Occurrence, Schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -63,3 +65,59 @@ def test_bad_who_or_why_is_refused_before_anything_changes(
     assert (schedule.state, schedule.version) == ("ACTIVE", 1)
     assert [a for a, _, _ in trail(schedule)] == ["create"]
     assert Schedule.objects.count() == 1
+
+
+def test_a_skip_and_a_backfill_are_recorded_with_who_and_why(tenant: Any) -> None:
+    clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+    schedule = api.create_schedule(
+        name="report", task="billing.ping", cron="*/5 * * * *", tenant=tenant, clock=clock
+    )
+    api.pause_schedule(schedule.id, clock=clock)
+    api.backfill(
+        schedule.id, datetime(2026, 3, 1, 11, 0, tzinfo=UTC),
+        datetime(2026, 3, 1, 11, 30, tzinfo=UTC), actor="alice", reason="outage OPS-9",
+        clock=clock,
+    )  # fmt: skip
+    api.resume_schedule(schedule.id, clock=clock)
+    api.skip_occurrence(schedule.id, note="maintenance window", actor="bob", clock=clock)
+    api.skip_occurrence(schedule.id, actor="carol", reason="holiday", clock=clock)
+    assert trail(schedule)[-3:] == [
+        ("resume", "", ""),
+        ("skip", "bob", "maintenance window"),
+        ("skip", "carol", "holiday"),
+    ]
+    entries = {e.action: e for e in AuditEntry.objects.filter(schedule=schedule)}
+    assert ("backfill", "alice", "outage OPS-9") in trail(schedule)
+    assert entries["backfill"].detail == {
+        "start": "2026-03-01T11:00:00+00:00",
+        "end": "2026-03-01T11:30:00+00:00",
+        "created": 6,
+    }
+    skipped = [e.detail for e in AuditEntry.objects.filter(schedule=schedule, action="skip")]
+    assert skipped == [
+        {"scheduled_for": "2026-03-01T12:05:00+00:00"},
+        {"scheduled_for": "2026-03-01T12:10:00+00:00"},
+    ]
+
+
+@pytest.mark.parametrize("call", ["skip", "backfill"])
+def test_a_skip_or_backfill_with_a_bad_who_changes_nothing(tenant: Any, call: str) -> None:
+    clock = FrozenClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
+    schedule = api.create_schedule(
+        name="report", task="billing.ping", cron="*/5 * * * *", tenant=tenant, clock=clock
+    )
+    api.pause_schedule(schedule.id, clock=clock)
+    at, start, end = (
+        datetime(2026, 3, 1, h, m, tzinfo=UTC) for h, m in ((12, 5), (11, 0), (11, 30))
+    )
+    calls = {
+        "skip": lambda: api.skip_occurrence(schedule.id, at, actor="a\x00", clock=clock),
+        "backfill": lambda: api.backfill(schedule.id, start, end, reason="\udcff", clock=clock),
+    }
+    with pytest.raises(errors.ValidationError) as caught:
+        calls[call]()
+    assert caught.value.field == ("actor" if call == "skip" else "reason")
+    schedule.refresh_from_db()
+    assert schedule.skip_times in (None, [])
+    assert not Occurrence.objects.filter(schedule=schedule).exists()
+    assert [a for a, _, _ in trail(schedule)] == ["create", "pause"]
