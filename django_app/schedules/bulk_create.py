@@ -34,6 +34,7 @@ from celery_scheduler.api_types import BulkCreateReport, ScheduleSyncReport
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
 from celery_scheduler.core.enums import ScheduleKind, ScheduleState
 from django_app import conf
+from django_app.db.retry import retry_lock_conflicts
 from django_app.models import (
     AuditEntry,
     Schedule,
@@ -421,10 +422,32 @@ def sync_schedules(
         first_index[item.key] = item.index
     if not isinstance(tenant, Tenant):
         lifecycle.tenant_slug(tenant)
+    return _apply_sync(
+        validated, list(first_index), tenant=tenant, prune=prune, actor=actor, reason=reason,
+        clock=clock, now=now, shard_count=settings.shard_count,
+    )  # fmt: skip
+
+
+@retry_lock_conflicts
+def _apply_sync(
+    validated: Sequence[_Item],
+    keys: Sequence[str],
+    *,
+    tenant: Tenant | str | None,
+    prune: bool,
+    actor: str,
+    reason: str,
+    clock: Clock | None,
+    now: datetime,
+    shard_count: int,
+) -> ScheduleSyncReport:
+    """Write a validated sync in one transaction: it locks the tenant, then each schedule it
+    updates, so on InnoDB it can be the deadlock victim of a writer holding a schedule row;
+    the items are a list by now, so it runs again whole."""
     report = ScheduleSyncReport()
     with transaction.atomic():
         tenant_obj = lifecycle.locked_tenant(tenant)
-        stored = _stored_by_key(tenant_obj, list(first_index))
+        stored = _stored_by_key(tenant_obj, keys)
         tags = _tags_of([s.id for s in stored.values()])
         new: list[_Item] = []
         for item in validated:
@@ -446,11 +469,11 @@ def sync_schedules(
             _create(
                 new, [i.key for i in new if i.key is not None], tenant=tenant_obj,
                 source=SYNC_SOURCE, actor=actor, reason=reason, now=now,
-                shard_count=settings.shard_count,
+                shard_count=shard_count,
             )  # fmt: skip
         if prune:
             report.pruned.extend(
-                _prune(tenant_obj, set(first_index), actor=actor, reason=reason, clock=clock)
+                _prune(tenant_obj, set(keys), actor=actor, reason=reason, clock=clock)
             )
     return report
 

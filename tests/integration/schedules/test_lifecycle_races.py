@@ -19,7 +19,7 @@ from celery_scheduler import api
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.states import UNCLAIMED
-from django_app.models import Occurrence, Schedule
+from django_app.models import Occurrence, Schedule, Tenant
 from django_app.wiring import materialize_due
 from tests.integration.threads import run_threads, wait_for_a_lock_waiter
 
@@ -192,6 +192,43 @@ def test_lifecycle_call_chosen_as_deadlock_victim_is_retried(call: str) -> None:
     if call == "pause":
         # The pause ran after the writer committed: it saw and canceled the writer's row.
         assert Occurrence.objects.get(schedule=schedule, scheduled_for=at).state == "CANCELED"
+
+
+def test_a_sync_chosen_as_deadlock_victim_is_retried() -> None:
+    """A sync locks its tenant, then each schedule it updates; a writer that holds a schedule
+    row and then needs the tenant's (an occurrence insert's foreign-key check on InnoDB, a
+    claim's tenant budget) closes the cycle. The sync, which has written nothing, is the
+    victim on InnoDB, and on PostgreSQL too (it waited first, so its deadlock check runs
+    first): its items are validated by then, so it runs again whole once the writer commits.
+    """
+    clock = FrozenClock(NOW)
+    schedule = api.create_schedule(name="victim", task="billing.ping", cron="* * * * *",
+                                   idempotency_key="victim", clock=clock)  # fmt: skip
+    for n in range(5):  # rows the writer also writes: InnoDB rolls back the lighter one
+        api.create_schedule(name=f"other {n}", task="billing.ping", cron="0 * * * *", clock=clock)
+    holds, sync_waits = threading.Event(), threading.Event()
+    tenant_table = Tenant._meta.db_table
+
+    def writer() -> None:
+        share = "LOCK IN SHARE MODE" if connection.vendor == "mysql" else "FOR SHARE"
+        with transaction.atomic():
+            assert Schedule.objects.update(updated_at=NOW) == 6
+            holds.set()
+            assert sync_waits.wait(timeout=20), "the sync never waited for the schedule row"
+            with connection.cursor() as cur:
+                cur.execute(
+                    f"SELECT id FROM {tenant_table} WHERE id = %s {share}", [schedule.tenant_id]
+                )
+
+    def sync() -> None:
+        assert holds.wait(timeout=20)
+        item = {"idempotency_key": "victim", "name": "victim", "task": "billing.ping",
+                "cron": "* * * * *", "priority": 7}  # fmt: skip
+        assert api.sync_schedules([item], clock=clock).updated == ["victim"]
+
+    assert run_threads(writer, sync, lambda: wait_for_a_lock_waiter(holds, sync_waits)) == []
+    schedule.refresh_from_db()
+    assert (schedule.priority, schedule.version) == (7, 2)
 
 
 def test_occurrence_ids_are_deterministic_across_processes() -> None:
