@@ -59,6 +59,7 @@ __all__ = [
     "parse_interval",
     "parse_timezone",
     "preview",
+    "wall_instant",
 ]
 
 MACROS = {
@@ -415,6 +416,25 @@ def _gap_end(zone: ZoneInfo, wall: datetime) -> datetime:
         else:
             lo = mid
     return hi
+
+
+def wall_instant(wall: datetime, zone: ZoneInfo) -> tuple[datetime, bool]:
+    """The instant a naive wall time names in ``zone``, and whether it was missing.
+
+    A repeated wall time names its first occurrence (fold=0). A missing one (in a gap) names
+    the gap's end, the first instant whose wall time is later: ``replace(tzinfo=zone)``
+    alone reads it with the offset before the change, an hour (the gap) past that.
+    """
+    local = wall.replace(tzinfo=zone, fold=0)
+    try:
+        exists = local.astimezone(UTC).astimezone(zone).replace(tzinfo=None) == local.replace(
+            tzinfo=None
+        )
+    except OverflowError:  # year 1 or 9999: out of range, which check_instant then says
+        return local, False
+    if exists:
+        return local, False
+    return _gap_end(zone, local.replace(tzinfo=None)).astimezone(zone), True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ def _local_datetime(text: str, zone: Any, field: str) -> datetime | None:
             f"{text[:40]!r} is not a date and time (YYYY-MM-DD HH:MM)", field=field
         )
     if value.tzinfo is None:
-        value = value.replace(tzinfo=zone)
+        value = timemath.wall_instant(value, zone)[0]  # a wall time in a gap: its end
     return timemath.check_instant(value, field)
 
 
@@ -92,9 +92,11 @@ def preview_payload(params: Mapping[str, str], *, now: datetime) -> tuple[dict[s
         start_at = _local_datetime(
             params.get("start_at", ""), dj_timezone.get_current_timezone(), "start_at"
         )
-        if start_at is not None and start_at > start:
-            start = start_at - timedelta(microseconds=1)  # preview includes start_at itself
-        rows = timemath.preview(trigger, start=start, count=PREVIEW_COUNT)
+        start = max(start, start_at or start)
+        # Runs from the start on, itself included ("Preview from"; a run at start_at).
+        rows = timemath.preview(
+            trigger, start=start - timedelta(microseconds=1), count=PREVIEW_COUNT
+        )
         description = ""
         if isinstance(trigger, timemath.CronTrigger):
             description = timemath.describe_cron(trigger.expression)

@@ -8,7 +8,7 @@ no database: it is a thin shell around :func:`celery_scheduler.core.timemath.pre
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -17,10 +17,11 @@ from celery_scheduler import errors
 from celery_scheduler.core import clock, timemath
 
 
-def parse_start(text: str | None, zone_name: str) -> datetime:
-    """An ISO 8601 instant; a naive one is read as wall time in the schedule's zone."""
+def parse_start(text: str | None, zone_name: str) -> tuple[datetime, bool]:
+    """An ISO 8601 instant; a naive one is read as wall time in the schedule's zone. And
+    whether it was a wall time the clocks skipped (it then names the gap's end)."""
     if text is None:
-        return clock.SYSTEM_CLOCK.now()
+        return clock.SYSTEM_CLOCK.now(), False
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
@@ -28,13 +29,14 @@ def parse_start(text: str | None, zone_name: str) -> datetime:
             f"Invalid --start {text[:40]!r}: expected an ISO 8601 date/time such as "
             "'2026-03-29T00:00:00+01:00' or '2026-03-29T00:00' (read in --tz)."
         ) from None
+    skipped = False
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timemath.parse_timezone(zone_name))
+        value, skipped = timemath.wall_instant(value, timemath.parse_timezone(zone_name))
     try:
         timemath.check_instant(value, "--start")
     except errors.ValidationError as exc:
         raise CommandError(str(exc)) from None
-    return value
+    return value, skipped
 
 
 #: The option each validation field comes from, so the message names what to fix.
@@ -65,7 +67,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--start",
-            help="list runs strictly after this ISO 8601 instant (default: now; naive = --tz)",
+            help=(
+                "list runs strictly after this ISO 8601 instant (default: now; naive = wall "
+                "time in --tz, and one the clocks skip names the end of the gap)"
+            ),
         )
         parser.add_argument(
             "--count",
@@ -83,8 +88,11 @@ class Command(BaseCommand):
                 expression=expression, timezone=zone_name, dst_gap=options["dst_gap"],
                 dst_fold=options["dst_fold"],
             )  # fmt: skip
-            start = parse_start(options["start"], zone_name)
-            rows = timemath.preview(trigger, start=start, count=options["count"])
+            start, skipped = parse_start(options["start"], zone_name)
+            # A skipped wall time names the gap's end; the runs from there on come after it.
+            # (In UTC: arithmetic on a zoned datetime is wall-time arithmetic, back into the gap.)
+            after = start.astimezone(UTC) - timedelta(microseconds=1) if skipped else start
+            rows = timemath.preview(trigger, start=after, count=options["count"])
             description = timemath.describe_cron(expression) + timemath.describe_dst(trigger)
         except errors.ValidationError as exc:
             option = _OPTIONS.get(exc.field or "", exc.field or "expression")

@@ -62,6 +62,21 @@ class TestPreview:
         assert body["ok"], body
         assert body["rows"][0]["utc"] == "2026-03-29T01:00:00+00:00"
 
+    def test_preview_from_includes_its_own_instant_and_a_skipped_wall_time_is_the_gaps_end(
+        self, login: Any
+    ) -> None:
+        """ "Preview from 03:00" lists a 03:00 run; "from 02:30" on 29 March (a wall time
+        Berlin skips) starts at 03:00 CEST, not at 03:30 (02:30 read as CET)."""
+        client = login("acme")
+        params = {"cron": "0,45 3 * * *", "timezone": "Europe/Berlin"}
+        for start in ("2026-03-29 03:00", "2026-03-29 02:30"):
+            body = client.get(PREVIEW, {**params, "from": start}).json()
+            assert body["ok"], body
+            assert [r["local"] for r in body["rows"][:2]] == [
+                "2026-03-29T03:00:00+02:00",
+                "2026-03-29T03:45:00+02:00",
+            ], start
+
     def test_fall_back_marks_the_repeated_hour(self, login: Any) -> None:
         body = (
             login("acme")

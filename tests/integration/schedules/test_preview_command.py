@@ -79,6 +79,24 @@ def test_json_output_and_naive_start_is_local() -> None:
     assert payload["runs"][2]["note"] == ""
 
 
+def test_a_naive_start_the_clocks_skip_lists_the_runs_after_it() -> None:
+    """02:30 on 29 March does not exist in Berlin: the runs after it are those from the
+    gap's end (03:00 CEST) on. Read with the offset before the change, it was 03:30 CEST,
+    and the 03:00 run was left out."""
+    out = run("0,45 3 * * *", "--tz", "Europe/Berlin", "--start", "2026-03-29T02:30",
+              "--count", "2", "--json")  # fmt: skip
+    payload = json.loads(out)
+    assert payload["start"] == "2026-03-29T03:00:00+02:00"
+    assert [r["local"] for r in payload["runs"]] == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-29T03:45:00+02:00",
+    ]
+    # An existing wall time keeps "strictly after".
+    payload = json.loads(run("0 3 * * *", "--tz", "Europe/Berlin", "--start",
+                             "2026-03-29T03:00", "--count", "1", "--json"))  # fmt: skip
+    assert payload["runs"][0]["local"] == "2026-03-30T03:00:00+02:00"
+
+
 def test_default_start_is_now_and_default_count_is_ten() -> None:
     payload = json.loads(run("@hourly", "--json"))
     assert len(payload["runs"]) == 10

@@ -526,3 +526,23 @@ def test_next_after_is_fast_in_hot_loops() -> None:
         assert len(list(timemath.fire_times(trigger, utc(2026, 1, 1), limit=1500))) == 1500
     # 4,500 calls, including 1,500 leap days (6,000 years of calendar): a generous bound.
     assert time.perf_counter() - started < 5.0
+
+
+@pytest.mark.parametrize(
+    ("wall", "zone", "named", "missing"),
+    [
+        # Berlin skips 02:00-03:00 on 29 March 2026: the gap's end, not 02:30 read as CET.
+        ("2026-03-29T02:30", "Europe/Berlin", "2026-03-29T03:00:00+02:00", True),
+        ("2026-03-29T02:00", "Europe/Berlin", "2026-03-29T03:00:00+02:00", True),
+        ("2026-03-29T03:00", "Europe/Berlin", "2026-03-29T03:00:00+02:00", False),
+        # A repeated wall time names its first pass.
+        ("2026-10-25T02:30", "Europe/Berlin", "2026-10-25T02:30:00+02:00", False),
+        # Lord Howe moves 30 minutes: 02:00-02:30 is skipped.
+        ("2026-10-04T02:15", "Australia/Lord_Howe", "2026-10-04T02:30:00+11:00", True),
+    ],
+)
+def test_a_wall_time_names_its_instant_and_a_skipped_one_the_gaps_end(
+    wall: str, zone: str, named: str, missing: bool
+) -> None:
+    instant, skipped = timemath.wall_instant(datetime.fromisoformat(wall), ZoneInfo(zone))
+    assert (instant.isoformat(), skipped) == (named, missing)
