@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 
 from django_app.admin.tenancy import has_scope
 from django_app.models import SchedulerOverview
@@ -14,6 +15,16 @@ from django_app.models import SchedulerOverview
 
 @admin.register(SchedulerOverview)
 class SchedulerOverviewAdmin(admin.ModelAdmin):
+    """Only the list URL: the proxy's rows are schedules of every tenant, so the object
+    views a ModelAdmin adds (change, history, delete) would show any of them by id."""
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).none()
+
     def has_module_permission(self, request: HttpRequest) -> bool:
         return has_scope(request) and request.user.has_perm("django_app.view_schedule")
 

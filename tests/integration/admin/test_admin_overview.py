@@ -212,3 +212,17 @@ def test_the_overview_is_reachable_from_the_admin_index(login: Any) -> None:
     assert response.status_code == 302
     assert response["Location"] == OVERVIEW
     assert client.get(OVERVIEW).status_code == 200
+
+
+def test_the_overview_entry_shows_no_schedule_by_id(login: Any, make_schedule: Any) -> None:
+    """The entry is a proxy of Schedule over every tenant: its object views showed another
+    tenant's schedule (args, kwargs) to anyone who had its id."""
+    schedule = make_schedule("globex", kwargs={"token": "globex-secret"})
+    client = login("acme")
+    base = reverse("admin:django_app_scheduleroverview_changelist")
+    for view in ("change/", "history/", "delete/"):
+        response = client.get(f"{base}{schedule.id}/{view}")
+        assert response.status_code == 404, view
+        assert b"globex-secret" not in response.content
+    assert client.get(f"{base}add/").status_code == 404
+    assert client.get(base).status_code == 302

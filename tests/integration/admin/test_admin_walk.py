@@ -56,14 +56,15 @@ QUERY_VALUES = [
 
 
 def _app_urls(schedule: Schedule) -> list[str]:
-    """Every admin page of the app: changelist, add and (for a schedule) change, history
-    and delete, plus each admin's own extra URLs that take no argument."""
+    """Every admin page of the app: each admin's URLs that take no argument (changelist,
+    add where it has one, its own extra pages) and, for a schedule, change, history and
+    delete."""
     urls = []
     for model, model_admin in admin.site._registry.items():
         if model._meta.app_label != "django_app":
             continue
         info = f"admin:{model._meta.app_label}_{model._meta.model_name}"
-        urls += [reverse(f"{info}_changelist"), reverse(f"{info}_add")]
+        urls.append(reverse(f"{info}_changelist"))
         for pattern in model_admin.get_urls():
             name = getattr(pattern, "name", None)
             if name and not pattern.pattern.converters and name.startswith("django_app_"):
