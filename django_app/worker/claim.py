@@ -49,8 +49,8 @@ from django_app import observe
 from django_app.db import checks
 from django_app.db.connections import reset_after_error
 from django_app.db.retry import retry_lock_conflicts
-from django_app.models import Attempt, ConcurrencySlot, Occurrence, Schedule
-from django_app.querysets import transition
+from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
+from django_app.querysets import by_key, transition
 from django_app.tenancy import quotas
 from django_app.worker import claim_pg, limits, waiting
 from django_app.worker.finish import (
@@ -190,6 +190,8 @@ def _claim(
         stale = _stale_reason(schedule, occ) or limits.over_max_runs(schedule, occ)
         if stale:
             return _mark_stale(occ, worker, now, stale)
+        if state is S.RETRY_WAIT and occ.retry_at is not None and occ.retry_at > now:
+            return _before_its_retry(occ)
         held = _apply_overlap(schedule, occ, now, defer)
         if held is not None:
             return held
@@ -372,6 +374,26 @@ def _apply_overlap(
     )
     return ClaimResult(
         outcome=ClaimOutcome.SKIPPED_OVERLAP, occurrence_id=occ.pk, reason=str(policy)
+    )
+
+
+def _before_its_retry(occ: Occurrence) -> ClaimResult:
+    """A message of a run waiting out its retry's backoff (a copy the redelivery sent, or a
+    retry message read by a worker whose clock lags the relay's): nothing runs before
+    ``retry_at``. The outbox row is (re)opened for then, so the retry's message goes out
+    whatever became of the one the failure opened."""
+    assert occ.retry_at is not None
+    pending = OutboxEntry.objects.filter(
+        occurrence_id=occ.pk, sent_at__isnull=True, available_at=occ.retry_at
+    )
+    if not by_key(pending, occ.scheduled_for).exists():  # else it goes out then already
+        republish(occ, occ.retry_at)
+    observe.worker_event("deferred")
+    return ClaimResult(
+        outcome=ClaimOutcome.DEFERRED,
+        occurrence_id=occ.pk,
+        retry_at=occ.retry_at,
+        reason="retry backoff: runs at retry_at",
     )
 
 

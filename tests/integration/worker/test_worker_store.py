@@ -157,6 +157,7 @@ def test_retry_goes_back_through_the_outbox_with_the_same_id(
     assert (outbox.sent_at, outbox.available_at) == (None, retry_at)
     row = Occurrence.objects.get(pk=occ.pk)
     assert (row.state, row.retry_at, row.last_error) == (S.RETRY_WAIT, retry_at, "ConnectionError")
+    clock.advance(7)
     second = claim_as(occ, clock)
     assert (second.outcome, second.attempt_number, second.attempts_in_run) == (
         ClaimOutcome.CLAIMED,
@@ -165,6 +166,32 @@ def test_retry_goes_back_through_the_outbox_with_the_same_id(
     )
     outcomes = list(Attempt.objects.filter(occurrence=occ).values_list("outcome", flat=True))
     assert outcomes == [AttemptOutcome.RETRY, AttemptOutcome.RUNNING]
+
+
+def test_a_message_before_the_retrys_backoff_ends_runs_nothing(
+    tenant: Any, clock: FrozenClock
+) -> None:
+    """A copy of the message (the redelivery's, while the queue was slow) read a second
+    after the run failed: the next attempt waits for retry_at, and the retry's message still
+    goes out then, whether the failure's outbox row was still pending or already sent."""
+    occ = make_occurrence(make_schedule(tenant), clock.now())
+    token = claim_as(occ, clock).fencing_token
+    assert token is not None
+    retry_at = clock.now() + timedelta(seconds=60)
+    finish.fail(occ.id, token, "ThrottledError", retry_at=retry_at, clock=clock)
+    outbox = OutboxEntry.objects.filter(occurrence=occ)
+    for sent in (None, clock.now()):
+        outbox.update(sent_at=sent)
+        clock.advance(1)
+        early = claim_as(occ, clock, "w2")
+        assert (early.outcome, early.retry_at) == (ClaimOutcome.DEFERRED, retry_at)
+        row = Occurrence.objects.get(pk=occ.pk)
+        assert (row.state, row.attempt_count, row.retry_at) == (S.RETRY_WAIT, 1, retry_at)
+        assert list(outbox.values_list("sent_at", "available_at")) == [(None, retry_at)]
+    assert Attempt.objects.filter(occurrence=occ).count() == 1
+    clock.set(retry_at)
+    on_time = claim_as(occ, clock, "w2")
+    assert (on_time.outcome, on_time.attempt_number) == (ClaimOutcome.CLAIMED, 2)
 
 
 def test_dead_then_replay_keeps_the_id_history_and_gives_a_fresh_budget(
