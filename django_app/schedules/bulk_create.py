@@ -267,7 +267,7 @@ def _audit_pg(entry: dict[str, Any], ids: Sequence[uuid.UUID]) -> None:
 def _check_quota(tenant: Tenant, new: int) -> None:
     """After the batch's ``new`` rows were written (in this transaction), refuse if the
     tenant's live schedules now exceed its quota (raising rolls them back)."""
-    if tenant.max_schedules is None or new == 0:
+    if not tenant.max_schedules or new == 0:  # None or 0: no limit (django_app.tenants)
         return
     live = -new + Schedule.objects.live().filter(tenant=tenant).count()
     if live + new > tenant.max_schedules:

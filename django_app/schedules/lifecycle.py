@@ -833,7 +833,7 @@ def _idempotency_conflict(key: str | None, schedule_id: uuid.UUID) -> errors.Ide
 
 
 def _check_quota(tenant: Tenant) -> None:
-    if tenant.max_schedules is None:
+    if not tenant.max_schedules:  # None or 0: no limit (django_app.tenants)
         return
     live = Schedule.objects.live().filter(tenant=tenant).count()
     if live >= tenant.max_schedules:

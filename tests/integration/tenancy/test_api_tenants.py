@@ -15,7 +15,7 @@ from celery_scheduler.api_types import TenantInfo, as_json
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState
 from celery_scheduler.publishers import RecordingPublisher
-from django_app.models import Tenant
+from django_app.models import Schedule, Tenant
 from django_app.relay.batch import relay_due
 from django_app.worker import claim
 from django_app.worker.claim import ClaimOutcome
@@ -106,6 +106,28 @@ def test_max_schedules_change_applies_to_the_next_create(frozen_clock: FrozenClo
         api.create_schedule(name="two", **make)
     api.update_tenant("acme", max_schedules=2)
     api.create_schedule(name="two", **make)
+
+
+def test_max_schedules_of_zero_is_no_limit_on_every_create_path(
+    frozen_clock: FrozenClock,
+) -> None:
+    """0, like None, means no limit (as for the other quotas); it refused every create."""
+    api.create_tenant("acme", max_schedules=0)
+    make: dict[str, Any] = {
+        "task": "billing.ping",
+        "cron": "* * * * *",
+        "tenant": "acme",
+        "clock": frozen_clock,
+    }
+    api.create_schedule(name="one", **make)
+    api.create_schedule(name="two", idempotency_key="k2", **make)
+    api.create_schedules([{"name": "three", "task": "billing.ping", "cron": "* * * * *"}],
+                         tenant="acme")  # fmt: skip
+    api.sync_schedules(
+        [{"idempotency_key": "k4", "name": "four", "task": "billing.ping", "cron": "0 * * * *"}],
+        tenant="acme",
+    )
+    assert Schedule.objects.filter(tenant__slug="acme").count() == 4
 
 
 def test_max_running_change_applies_to_the_next_claim(frozen_clock: FrozenClock) -> None:
