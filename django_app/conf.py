@@ -125,6 +125,20 @@ class SchedulerSettings:
     #: left in place and reported (docs/explanation/retention.md).
     partition_retention_days: int | None = None
 
+    def __post_init__(self) -> None:
+        # The beats act on these unattended (a retention of 0 or less would drop today's
+        # history every round; a width of 0 divides by zero): refused where they are read.
+        lowest = {"partition_width_hours": 1, "partitions_ahead": 0, "partition_retention_days": 1}
+        for name, low in lowest.items():
+            value = getattr(self, name)
+            if value is None and name == "partition_retention_days":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"CELERY_SCHEDULER[{name!r}] must be a whole number of at least {low}"
+                    f"{' (or None)' if name == 'partition_retention_days' else ''}; got {value!r}"
+                )
+
 
 _FIELDS = SchedulerSettings.__dataclass_fields__
 

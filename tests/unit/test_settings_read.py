@@ -11,6 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+from django_app.conf import SchedulerSettings
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("celery_scheduler", "django_app")
 
@@ -83,3 +87,20 @@ def test_the_allowed_list_is_not_stale() -> None:
     found = conf_get_calls()
     stale = {module: n for module, (n, _) in ALLOWED.items() if found.get(module, 0) < n}
     assert not stale, f"ALLOWED lists more calls than these modules make: {stale}"
+
+
+def test_partition_settings_the_beats_act_on_are_refused_out_of_range() -> None:
+    """A retention of 0 days made every beat drop yesterday's partitions each round (and a
+    negative one today's); a width of 0 divided by zero in the beat's maintenance."""
+    bad: tuple[tuple[str, object], ...] = (
+        ("partition_retention_days", 0),
+        ("partition_retention_days", -3),
+        ("partition_width_hours", 0),
+        ("partitions_ahead", -1),
+        ("partition_width_hours", "24"),
+    )
+    for name, value in bad:
+        with pytest.raises(ValueError, match=rf"CELERY_SCHEDULER\['{name}'\] must be"):
+            SchedulerSettings(**{name: value})  # type: ignore[arg-type]
+    kept = SchedulerSettings(partition_retention_days=None, partitions_ahead=0)
+    assert (kept.partition_retention_days, kept.partitions_ahead) == (None, 0)
