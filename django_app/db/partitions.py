@@ -213,14 +213,17 @@ def _maintenance(lock_timeout_ms: int, *, wait: bool) -> Iterator[bool]:
     does nothing) when another process holds it and ``wait`` is false."""
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(sql.UTC)
-        cur.execute(sql.lock_timeout(lock_timeout_ms))
         # Deferred foreign key checks of rows this transaction wrote (a caller's atomic
         # block) run now: PostgreSQL will not detach or drop a table they are pending on.
         cur.execute(sql.CONSTRAINTS_IMMEDIATE)
         if wait:
+            # Before the timeout: a beat retiring a day holds this lock for as long as its
+            # bookkeeping takes, and advisory locks obey lock_timeout too.
             cur.execute(sql.ADVISORY_LOCK, {"key": LOCK_KEY})
+            cur.execute(sql.lock_timeout(lock_timeout_ms))
             yield True
             return
+        cur.execute(sql.lock_timeout(lock_timeout_ms))
         cur.execute(sql.TRY_ADVISORY_LOCK, {"key": LOCK_KEY})
         row = cur.fetchone()
         yield bool(row and row[0])

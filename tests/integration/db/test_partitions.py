@@ -172,6 +172,43 @@ def test_a_second_process_skips_while_one_holds_the_maintenance_lock() -> None:
     assert out.strip() == "False []"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_command_waits_for_the_maintenance_lock_past_the_lock_timeout() -> None:
+    """``wait=True`` (``manage.py partitions ensure|drop``) waits for a beat retiring a day
+    however long it takes: the advisory lock was asked under ``lock_timeout``, so the
+    command died with "lock timeout" while the beat still held it."""
+    now = datetime(2033, 9, 1, tzinfo=UTC)
+    code = (
+        "from datetime import datetime, timedelta\n"
+        "from django_app.db import partitions\n"
+        f"r = partitions.ensure(datetime.fromisoformat('{now.isoformat()}'), "
+        "width=timedelta(days=1), ahead=1, lock_timeout_ms=100, wait=True)\n"
+        "print(r.locked, len(r.created) > 0)\n"
+    )
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", [partitions.LOCK_KEY])
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import django\ndjango.setup()\n" + code],
+            cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:  # until the child waits for the advisory lock
+            cur.execute("SELECT pg_stat_clear_snapshot()")  # a fresh view in this transaction
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+            )
+            if cur.fetchone()[0]:
+                break
+            assert time.monotonic() < deadline, "the child never waited for the lock"
+            time.sleep(0.05)
+        time.sleep(0.5)  # five times the child's lock_timeout, still holding the lock
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err[-3000:]
+    assert out.strip() == "True True"
+
+
 def analyzed_at(table: str) -> datetime | None:
     with connection.cursor() as cur:
         cur.execute("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = %s", [table])
