@@ -46,9 +46,16 @@ def republish(occ: Occurrence, at: datetime) -> None:
     unanswered publishes starts over: the redelivery backoff must not read these copies as
     a long queue (:func:`django_app.relay.redelivery.lost_after`).
     """
-    n = by_key(OutboxEntry.objects.filter(occurrence_id=occ.pk), occ.scheduled_for).update(
-        sent_at=None, available_at=at, claimed_by="", claim_expires_at=None, publish_count=0
-    )
+    reset = {
+        "sent_at": None, "available_at": at, "claimed_by": "", "claim_expires_at": None,
+        "publish_count": 0,
+    }  # fmt: skip
+    rows = OutboxEntry.objects.filter(occurrence_id=occ.pk)
+    n = by_key(rows, occ.scheduled_for).update(**reset)
+    if n == 0:
+        # A row written before the key existed, on a PostgreSQL install whose populated
+        # tables migration 0020 left plain with the key empty (until `partitions convert`).
+        n = rows.filter(scheduled_for__isnull=True).update(scheduled_for=occ.scheduled_for, **reset)
     if n == 0:  # occurrences created without an outbox row (imports, tests)
         shard, priority = Schedule.objects.values_list("shard", "priority").get(pk=occ.schedule_id)
         OutboxEntry.objects.create(

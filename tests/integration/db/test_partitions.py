@@ -760,6 +760,34 @@ def seed_plain(schedule: Schedule, now: datetime, n: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_dead_run_from_before_the_key_is_replayed_on_an_unconverted_install(
+    tenant: Any,
+) -> None:
+    """Migration 0020 leaves a populated PostgreSQL install's tables plain with the key of
+    the old attempt and outbox rows empty (until `partitions convert`): the replay's outbox
+    update by key found nothing, and the insert of a second row for the occurrence broke
+    the outbox's unique key (IntegrityError)."""
+    from celery_scheduler import api
+
+    occ, att, out = partitions.tables()
+    now = datetime.now(UTC)
+    assert partitions.unpartition_empty_tables() == [occ, att, out]
+    try:
+        seed_plain(make_schedule(tenant), now, 100)
+        dead = Occurrence.objects.filter(state=S.DEAD).order_by("scheduled_for").first()
+        assert dead is not None
+        replayed = api.replay_occurrence(dead.id)
+        assert replayed.state == S.ENQUEUED
+        entry = OutboxEntry.objects.get(occurrence_id=dead.id)
+        assert (entry.sent_at, entry.scheduled_for) == (None, dead.scheduled_for)
+    finally:
+        with connection.cursor() as cur:
+            for table in (occ, att, out):
+                cur.execute(f"TRUNCATE {table}")
+        partitions.partition_empty_tables(now, width=DAY, ahead=3)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_populated_install_is_converted_and_keeps_every_row(tenant: Any) -> None:
     from django.core.management import call_command
 
