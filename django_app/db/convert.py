@@ -74,6 +74,13 @@ def _exec(statement: str, params: dict[str, Any] | None = None) -> Any:
         return cur.fetchone() if cur.description else None
 
 
+def _exec_count(statement: str) -> int:
+    """Run a data-changing statement; the rows it changed."""
+    with connection.cursor() as cur:
+        cur.execute(statement)
+        return int(cur.rowcount)
+
+
 def convert(
     now: datetime,
     *,
@@ -178,6 +185,9 @@ def _backfill(table: str, occ: str, batch: int) -> int:
         done += n
         if n == 0:
             break
+    # Rows a relay or a worker held locked, skipped above: wait for them (a handful).
+    with transaction.atomic():
+        done += _exec_count(sql.backfill_key_waiting(table, occ))
     # Orphans (an occurrence deleted behind the ORM's back): their own time is as good.
     own = "started_at" if table.endswith("attempt") else "created_at"
     _exec(sql.backfill_key_from(table, own))

@@ -357,12 +357,21 @@ def set_aside(table: str, hold: str, columns: list[str]) -> str:
 
 def backfill_key(table: str, occurrence: str, batch: int) -> str:
     """Copy the key from each row's occurrence onto up to ``batch`` rows of ``table`` that
-    lack it (rows locked by others skipped); returns how many."""
+    lack it and have an occurrence (rows locked by others skipped); returns how many."""
     return (
-        f"WITH b AS (SELECT id FROM {q(table)} WHERE {KEY} IS NULL LIMIT {int(batch)} "
-        f"FOR UPDATE SKIP LOCKED), u AS (UPDATE {q(table)} t SET {KEY} = o.{KEY} "
+        f"WITH b AS (SELECT t.id FROM {q(table)} t JOIN {q(occurrence)} o "
+        f"ON o.id = t.occurrence_id WHERE t.{KEY} IS NULL LIMIT {int(batch)} "
+        f"FOR UPDATE OF t SKIP LOCKED), u AS (UPDATE {q(table)} t SET {KEY} = o.{KEY} "
         f"FROM b, {q(occurrence)} o WHERE t.id = b.id AND o.id = t.occurrence_id "
         f"RETURNING 1) SELECT count(*) FROM u"
+    )
+
+
+def backfill_key_waiting(table: str, occurrence: str) -> str:
+    """:func:`backfill_key` for every row left, waiting for the locks others hold on them."""
+    return (
+        f"UPDATE {q(table)} t SET {KEY} = o.{KEY} FROM {q(occurrence)} o "
+        f"WHERE o.id = t.occurrence_id AND t.{KEY} IS NULL"
     )
 
 

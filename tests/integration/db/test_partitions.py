@@ -760,6 +760,68 @@ def seed_plain(schedule: Schedule, now: datetime, n: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_key_backfill_waits_for_rows_others_hold_locked(tenant: Any) -> None:
+    """The conversion copies the key in batches that skip locked rows; when only rows a
+    relay or a worker held were left, a batch found none and the loop ended, and the
+    orphans' fallback gave those rows a key from their own created_at: not their
+    occurrence's time (here an hour off), so lookups by key missed them from then on."""
+    from django_app.db import convert
+
+    occ, att, out = partitions.tables()
+    now = datetime.now(UTC)
+    assert partitions.unpartition_empty_tables() == [occ, att, out]
+    try:
+        seed_plain(make_schedule(tenant), now, 60)
+        held = list(OutboxEntry.objects.order_by("id").values_list("id", flat=True)[:5])
+        OutboxEntry.objects.filter(id__in=held).update(created_at=now - timedelta(hours=1))
+        locked, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with transaction.atomic():
+                list(OutboxEntry.objects.filter(id__in=held).select_for_update())
+                locked.set()
+                assert release.wait(timeout=30)
+            connection.close()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert locked.wait(timeout=30)
+        done: dict[str, int] = {}
+
+        def backfill() -> None:
+            done["rows"] = convert._backfill(out, occ, 10)
+            connection.close()
+
+        worker = threading.Thread(target=backfill)
+        worker.start()
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cur:
+            while worker.is_alive() and time.monotonic() < deadline:
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'UPDATE%%'"
+                )
+                if cur.fetchone()[0]:
+                    break
+                time.sleep(0.05)
+        release.set()
+        holder.join(timeout=30)
+        worker.join(timeout=30)
+        assert done["rows"] == 60
+        with connection.cursor() as cur:
+            cur.execute(
+                f"SELECT count(*) FROM {out} b JOIN {occ} o ON o.id = b.occurrence_id "
+                "WHERE b.scheduled_for IS DISTINCT FROM o.scheduled_for"
+            )
+            assert cur.fetchone() == (0,)
+    finally:
+        with connection.cursor() as cur:
+            for table in (occ, att, out):
+                cur.execute(f"TRUNCATE {table}")
+        partitions.partition_empty_tables(now, width=DAY, ahead=3)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_dead_run_from_before_the_key_is_replayed_on_an_unconverted_install(
     tenant: Any,
 ) -> None:
