@@ -223,7 +223,7 @@ class TenantUsage:
     ``running``: occurrences RUNNING under a live lease against ``max_running``;
     ``published_last_minute``: messages the relay published in the last 60 s (compare
     with ``max_trigger_rate`` x 60); ``catchup_backlog``: late occurrences not yet
-    published (what ``catchup_rate`` paces).
+    published (what ``catchup_rate`` paces: a CATCH_UP schedule's late runs and backfills).
     """
 
     tenant: TenantInfo

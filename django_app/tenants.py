@@ -13,13 +13,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from celery_scheduler import errors
 from celery_scheduler.api_types import TenantInfo, TenantUsage
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from django_app.querysets import SAME_SLOT
 from django_app.schedules import validation
+from django_app.schedules.backfill import BACKFILL_VERSION
 
 QUOTA_FIELDS = ("max_schedules", "max_trigger_rate", "max_running", "catchup_rate")
 FIELDS = frozenset({"name", "relay_weight", *QUOTA_FIELDS})
@@ -129,13 +130,13 @@ def list_tenants(*, now: datetime, slug: str | None = None) -> list[TenantUsage]
     schedules = grouped(Schedule.objects.live())
     running = grouped(Occurrence.objects.running_leased(now))
     published = grouped(OutboxEntry.objects.published_since(now - PUBLISHED_WINDOW, now))
+    # What catchup_rate paces: a CATCH_UP schedule's late runs and every backfill.
+    paced = Q(occurrence__manual=False, occurrence__schedule__misfire_policy="CATCH_UP") | Q(
+        occurrence__manual=True, occurrence__schedule_version=BACKFILL_VERSION
+    )
     backlog = grouped(
         OutboxEntry.objects.unsent().filter(
-            SAME_SLOT,
-            scheduled_for__lt=now,
-            occurrence__manual=False,
-            occurrence__schedule__misfire_policy="CATCH_UP",
-            occurrence__scheduled_for__lt=now,
+            paced, SAME_SLOT, scheduled_for__lt=now, occurrence__scheduled_for__lt=now
         )
     )
     return [

@@ -202,6 +202,23 @@ def test_catchup_rate_change_applies_to_the_next_materializer_pass() -> None:
     assert spacing(second) == {1.0}
 
 
+def test_the_catchup_backlog_counts_the_backfills_the_catchup_rate_paces() -> None:
+    """A backfill is released at the tenant's catchup_rate like a CATCH_UP schedule's late
+    runs; the usage's catchup_backlog (what that rate paces) left it out (0 of 6)."""
+    api.create_tenant("acme", catchup_rate=1)
+    clock = FrozenClock(NOW)
+    schedule = api.create_schedule(
+        name="report", task="billing.ping", cron="*/5 * * * *", tenant="acme", clock=clock
+    )
+    api.pause_schedule(schedule.id, clock=clock)
+    report = api.backfill(
+        schedule.id, NOW - timedelta(hours=1), NOW - timedelta(minutes=30), clock=clock
+    )
+    assert len(report.created) == 6
+    (usage,) = api.list_tenants(tenant="acme", clock=clock)
+    assert usage.catchup_backlog == 6
+
+
 def test_one_tenants_usage_is_its_row_of_the_list_read_from_its_own_rows() -> None:
     """The HTTP API's tenant views ask for one tenant: what they read does not grow with
     the other tenants' schedules (seen failing with the whole list read and filtered)."""
