@@ -190,6 +190,13 @@ class TenantAdmin(SuperuserOnlyAdmin):
     search_fields = ("slug", "name")
     inlines = (MembershipInline,)
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A slug names the tenant in what was written under it (the reasons of the runs
+        # waiting for its max_running, the metrics' label, API clients), and the HTTP API
+        # refuses to change it too: set once, at create.
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return (*fields, "slug") if obj is not None else fields
+
 
 @admin.register(TenantMembership)
 class TenantMembershipAdmin(SuperuserOnlyAdmin):

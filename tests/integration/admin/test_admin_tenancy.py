@@ -114,6 +114,26 @@ class TestVisibility:
         assert "Schedules" in index
 
 
+def test_a_tenants_slug_is_set_once(login: Any, tenants: Any) -> None:
+    """Waiters for a tenant's max_running are found by a reason naming its slug, so a slug
+    renamed in the admin (the HTTP API refuses it) let newer runs pass the older waiters."""
+    from django_app.models import Tenant
+
+    acme = tenants["acme"]
+    url = reverse("admin:django_app_tenant_change", args=[acme.pk])
+    client = login("root")
+    form = {
+        "slug": "renamed", "name": "Acme", "relay_weight": "1",
+        "members-TOTAL_FORMS": "0", "members-INITIAL_FORMS": "0",
+    }  # fmt: skip
+    response = client.post(url, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Tenant.objects.get(pk=acme.pk).slug == "acme"
+    add = client.post(reverse("admin:django_app_tenant_add"), {**form, "slug": "initech"})
+    assert add.status_code == 302
+    assert Tenant.objects.filter(slug="initech").exists()
+
+
 class TestForgedWrites:
     @pytest.mark.parametrize(
         "action", ["pause_selected", "resume_selected", "cancel_selected", "run_selected_now"]
