@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, MaxRetriesExceededError, Retry
 from django.db import DatabaseError, InterfaceError
 
 from celery_scheduler import errors
@@ -182,6 +182,8 @@ def execute(
             now=clock.now(),
             deadline=claimed.deadline,
             rng=random.Random(),
+            # The body's own task.retry(countdown=...): its delay, through the outbox.
+            requested_delay=presentation.retry_delay(exc, clock.now()),
         )
         retry_at = None
         if decision.delay is not None:
@@ -327,6 +329,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
             self._resend(job, countdown, retries + 1)
             raise Retry(exc=exc, when=countdown) from exc
         _log_outcome(occurrence_id, outcome)
+        presentation.settled(outcome["outcome"])
         failure = outcome.pop("exception", None)
         if failure is not None:
             report_failure(failure, outcome)
@@ -426,5 +429,9 @@ def report_failure(exc: Exception, outcome: dict[str, Any]) -> NoReturn:
     if outcome["outcome"] == "RETRY_WAIT":
         delay = float(outcome.get("delay") or 0)
         when: Any = int(delay) if delay.is_integer() else round(delay, 3)
-        raise Retry(exc=exc, when=when)
+        raise Retry(exc=exc.exc if isinstance(exc, Retry) else exc, when=when)
+    if isinstance(exc, Retry):  # the body's task.retry() with no retry left: as Celery says
+        raise exc.exc or MaxRetriesExceededError(
+            f"no retry left for this run ({outcome.get('reason', '')})"
+        )
     raise exc

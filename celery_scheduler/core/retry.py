@@ -136,13 +136,16 @@ def decide(
     now: datetime,
     deadline: datetime | None = None,
     rng: random.Random | None = None,
+    requested_delay: float | None = None,
 ) -> RetryDecision:
     """Retry or dead-letter the failure of attempt number ``attempts_used`` of this run.
 
     Dead when: the error is permanent; ``attempts_used >= policy.max_attempts``; or the
-    retry would start after ``deadline``.
+    retry would start after ``deadline``. ``requested_delay``: the body asked for a retry
+    itself (Celery's ``task.retry(countdown=...)``): transient whatever ``exc`` is, after
+    that many seconds instead of the backoff.
     """
-    error_class = classify(exc, policy)
+    error_class = ErrorClass.TRANSIENT if requested_delay is not None else classify(exc, policy)
     name = type(exc).__name__
     if error_class is ErrorClass.PERMANENT:
         return RetryDecision(error_class=error_class, delay=None, reason=f"permanent error {name}")
@@ -152,13 +155,15 @@ def decide(
             delay=None,
             reason=f"{name} after {attempts_used} of {policy.max_attempts} attempts",
         )
-    delay = backoff_delay(
-        attempts_used - 1 if attempts_used > 0 else 0,
-        base=policy.backoff_base,
-        cap=policy.backoff_cap,
-        rng=rng,
-        jitter=policy.jitter,
-    )
+    delay = requested_delay
+    if delay is None:
+        delay = backoff_delay(
+            attempts_used - 1 if attempts_used > 0 else 0,
+            base=policy.backoff_base,
+            cap=policy.backoff_cap,
+            rng=rng,
+            jitter=policy.jitter,
+        )
     if deadline is not None and now + timedelta(seconds=delay) > deadline:
         return RetryDecision(
             error_class=error_class,

@@ -32,10 +32,12 @@ import functools
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Task
 from celery.app import trace as celery_trace
+from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 
@@ -91,6 +93,75 @@ class Job:
 
 _job: ContextVar[Job | None] = ContextVar("scheduler_traced_job", default=None)
 
+
+@dataclass(slots=True)
+class _Traced:
+    """The scheduled run a user's tracer is running, for the task's ``retry``."""
+
+    target: Any
+    #: The scheduler's decision once it settled the run ("RETRY_WAIT", "DEAD", ...).
+    settled: str | None = None
+
+
+_traced: ContextVar[_Traced | None] = ContextVar("scheduler_traced_run", default=None)
+
+
+def settled(outcome: str) -> None:
+    """Record that the scheduler has settled the run being traced (see :func:`_retry`)."""
+    traced = _traced.get()
+    if traced is not None:
+        traced.settled = outcome
+
+
+def retry_delay(exc: BaseException, now: datetime) -> float | None:
+    """The seconds a body's ``task.retry(countdown=/eta=)`` asked for, if ``exc`` is its
+    Retry; None for any other exception."""
+    if not isinstance(exc, Retry):
+        return None
+    when = exc.when
+    if isinstance(when, datetime):
+        when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        return max(0.0, (when - now).total_seconds())
+    return max(0.0, float(when)) if isinstance(when, int | float) else None
+
+
+def _retry(task: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``task.retry`` that, inside a scheduled run of ``task``, publishes nothing.
+
+    Celery's ``retry`` sends the task again as a plain message under the same id; in a
+    scheduled run the scheduler retries through its outbox (fenced, counted, under the
+    same occurrence id), so here it only raises Celery's Retry for the scheduler to
+    settle: after ``countdown`` (or ``eta``), else the task's ``default_retry_delay``, as
+    Celery would. Asked after the scheduler settled the run (Celery's ``autoretry_for``
+    wrapper, around the run the scheduler already dead-lettered or set to retry), it
+    raises what the scheduler decided: the failure itself, or its Retry.
+    """
+
+    @functools.wraps(original)
+    def retry(
+        args: Any = None, kwargs: Any = None, exc: Exception | None = None,
+        throw: bool = True, eta: datetime | None = None, countdown: Any = None,
+        max_retries: int | None = None, **options: Any,
+    ) -> Any:  # fmt: skip
+        traced = _traced.get()
+        if traced is None or traced.target is not task:
+            return original(
+                args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta, countdown=countdown,
+                max_retries=max_retries, **options,
+            )  # fmt: skip
+        if traced.settled is not None:
+            if traced.settled != "RETRY_WAIT" and exc is not None:
+                raise exc
+            raise Retry(exc=exc, when=countdown)
+        when: Any = eta or (countdown if countdown is not None else task.default_retry_delay)
+        ret = Retry(exc=exc, when=when)
+        if throw:
+            raise ret
+        return ret
+
+    return retry
+
+
 #: Marks a task whose ``run`` (or ``_orig_run``) :func:`install` replaced.
 _INSTALLED = "_scheduler_runs_occurrences"
 
@@ -129,6 +200,7 @@ def install_task(task: Any) -> None:
             _job.reset(token)
 
     setattr(task, attr, run)
+    task.retry = _retry(task, task.retry)
     setattr(task, _INSTALLED, True)
 
 
@@ -176,9 +248,11 @@ class OccurrenceTask(Task):
                 name, target, app=self.app, hostname=context.get("hostname")
             )
         token = _job.set(Job(wrapper=self, target=target, wrapper_kwargs=kwargs, request=context))
+        traced = _traced.set(_Traced(target=target))
         try:
             return target.__trace__(uuid, user_args, user_kwargs, context)
         finally:
+            _traced.reset(traced)
             _job.reset(token)
 
     def _wrapper_tracer(self) -> Any:

@@ -20,7 +20,9 @@ from django_app.worker import presentation
 from tests.integration.worker_support import make_occurrence, make_schedule, message_kwargs
 
 pytestmark = pytest.mark.django_db
-app = Celery("presentation-tests", backend="cache+memory://", set_as_current=False)
+app = Celery(
+    "presentation-tests", broker="memory://", backend="cache+memory://", set_as_current=False
+)
 assert run_occurrence.name == RUN_OCCURRENCE_TASK  # a shared task: on this app too
 
 
@@ -37,6 +39,16 @@ def ignored() -> str:
 @app.task(name="p.raises")
 def raises() -> None:
     raise ValueError("bad row")
+
+
+@app.task(name="p.retries", bind=True)
+def retries(self: Any) -> None:
+    raise self.retry(exc=ConnectionError("vendor down"), countdown=10)
+
+
+@app.task(name="p.autoretries", autoretry_for=(ConnectionError,), max_retries=3)
+def autoretries() -> None:
+    raise ConnectionError("vendor down")
 
 
 def deliver(occ: Any) -> Any:
@@ -86,3 +98,58 @@ def test_ignore_result_is_honoured_and_a_failure_is_a_celery_failure(
     assert result.state == "FAILURE"
     assert isinstance(result.result, ValueError)
     assert "bad row" in str(result.result)
+
+
+def published_plainly(names: set[str]) -> Any:
+    """A before_task_publish receiver recording the plain messages of tasks ``names``."""
+    seen: list[str] = []
+
+    def on_publish(sender: Any = None, **_: Any) -> None:
+        if sender in names:
+            seen.append(sender)
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    return seen, on_publish
+
+
+def test_the_bodys_own_retry_goes_through_the_scheduler_after_its_countdown(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Celery's task.retry() sent the task again as a plain message under the occurrence
+    id, and the scheduler retried it through its outbox too: the body ran twice more."""
+    seen, receiver = published_plainly({"p.retries"})
+    try:
+        occ = make_occurrence(make_schedule(tenant, task="p.retries"), frozen_clock.now())
+        deliver(occ)
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    assert seen == []
+    occ.refresh_from_db()
+    assert occ.state == "RETRY_WAIT"
+    attempt = occ.attempts.get()
+    assert attempt.finished_at is not None
+    assert occ.retry_at is not None
+    assert abs((occ.retry_at - attempt.finished_at).total_seconds() - 10) < 1
+    result = app.AsyncResult(str(occ.id))
+    assert result.state == "RETRY"
+    assert isinstance(result.result, ConnectionError)
+
+
+@pytest.mark.parametrize("task", ["p.retries", "p.autoretries"])
+def test_a_run_with_no_retry_left_is_a_celery_failure_and_sends_nothing(
+    tenant: Any, frozen_clock: FrozenClock, task: str
+) -> None:
+    """On its last attempt the run goes DEAD: Celery's autoretry wrapper (max_retries 3)
+    retried it anyway as a plain message, shown as RETRY while the occurrence was DEAD."""
+    seen, receiver = published_plainly({task})
+    try:
+        occ = make_occurrence(make_schedule(tenant, task=task, max_attempts=1), frozen_clock.now())
+        deliver(occ)
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    assert seen == []
+    occ.refresh_from_db()
+    assert occ.state == "DEAD"
+    result = app.AsyncResult(str(occ.id))
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, ConnectionError)
