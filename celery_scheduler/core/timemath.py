@@ -52,6 +52,7 @@ __all__ = [
     "PreviewRow",
     "Trigger",
     "check_instant",
+    "cron_fields",
     "describe_cron",
     "describe_dst",
     "dst_policy",
@@ -285,6 +286,16 @@ class _CronSpec:
                 return time(hour, self.minutes[m])
             h += 1
         return time(self.hours[h], self.minutes[0]) if h < len(self.hours) else None
+
+
+def cron_fields(expression: str) -> tuple[frozenset[int], ...]:
+    """The values each field of ``expression`` allows: minutes, hours, days of the month,
+    months, weekdays (0 = Sunday). ``ValidationError`` when it is not a valid expression."""
+    spec = _compile_cron(expression)
+    return (
+        frozenset(spec.minutes), frozenset(spec.hours), spec.days, frozenset(spec.months),
+        spec.weekdays,
+    )  # fmt: skip
 
 
 def _compile_cron(expression: str) -> _CronSpec:

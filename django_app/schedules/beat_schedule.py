@@ -7,9 +7,10 @@ version) under the schedule's row lock, so two beats syncing the same change bum
 version once. An entry removed from the config is reported (``orphaned``), not canceled:
 stop it from the admin, where the decision is visible.
 
-Conversions: ``crontab`` -> cron string read in the app's timezone; ``timedelta``, a number
-of seconds or ``schedule(run_every=...)`` -> interval. ``solar`` and custom schedule classes
-raise :class:`celery_scheduler.errors.UnsupportedSchedule`.
+Conversions: ``crontab`` -> cron string read in the app's timezone, firing where Celery
+runs it (:func:`crontab_expression`; both day fields restricted is refused); ``timedelta``,
+a number of seconds or ``schedule(run_every=...)`` -> interval. ``solar`` and custom
+schedule classes raise :class:`celery_scheduler.errors.UnsupportedSchedule`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from celery.schedules import schedule as every_schedule
 from django.db import transaction
 
 from celery_scheduler import errors
+from celery_scheduler.core import timemath
 from celery_scheduler.core.clock import Clock
 from celery_scheduler.core.enums import ScheduleKind, ScheduleState
 from django_app.models import Schedule
@@ -68,6 +70,66 @@ def _interval_seconds(every: timedelta | float, name: str) -> int:
     return int(seconds)
 
 
+_CRONTAB_PARTS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+_EVERY_DAY_OF_MONTH, _EVERY_WEEKDAY = frozenset(range(1, 32)), frozenset(range(7))
+_EVERY = (
+    frozenset(range(60)), frozenset(range(24)), _EVERY_DAY_OF_MONTH, frozenset(range(1, 13)),
+    _EVERY_WEEKDAY,
+)  # fmt: skip
+
+
+def crontab_expression(label: str, schedule: crontab) -> str:
+    """The cron expression that fires when Celery's ``crontab`` does, or raise (``label``
+    names what has it in the message).
+
+    Each field as the user wrote it ("*/15", "mon-fri") where cron reads it alike, else
+    (a range that wraps, "22-2") the values Celery parsed, listed; an unrestricted one "*".
+    Celery runs on the days that match both day fields; cron does too when one of them
+    starts with "*" (Vixie's rule), and on the days that match either otherwise.
+    """
+    parsed = [frozenset(getattr(schedule, part)) for part in _CRONTAB_PARTS]
+    tokens = [
+        _field_token(index, _cron_field(getattr(schedule, f"_orig_{part}")), parsed[index])
+        for index, part in enumerate(_CRONTAB_PARTS)
+    ]
+    days_both = parsed[2] != _EVERY_DAY_OF_MONTH and parsed[4] != _EVERY_WEEKDAY
+    if days_both and not (tokens[2].startswith("*") or tokens[4].startswith("*")):
+        raise errors.UnsupportedSchedule(
+            f"{label}: its crontab restricts both day_of_month and day_of_week; "
+            "Celery runs it only on days that match both, cron (and celery-scheduler) on "
+            "days that match either, so it would run on other days than it does now. "
+            "Restrict one of the two fields (and check the other in the task), or create "
+            "the schedule with the cron you mean",
+            field="schedule",
+        )
+    return " ".join(tokens)
+
+
+def _field_token(index: int, written: str, values: frozenset[int]) -> str:
+    """Field ``index`` of the expression: "*" when it allows every value (a day field
+    written "1-31" would count as restricted to Vixie's day rule), ``written`` if cron reads
+    it as ``values``, else the values listed."""
+    if values == _EVERY[index]:
+        return "*"
+    probe = ["*"] * len(_CRONTAB_PARTS)
+    probe[index] = written
+    try:
+        if timemath.cron_fields(" ".join(probe))[index] == values:
+            return written
+    except errors.ValidationError:
+        pass
+    return ",".join(str(v) for v in sorted(values))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from JSON: tuples become lists, at every level."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def schedule_fields(name: str, schedule: Any, *, timezone: str) -> dict[str, Any]:
     """``create_schedule`` timing arguments for a Celery schedule object, or raise."""
     if isinstance(schedule, solar):
@@ -78,10 +140,7 @@ def schedule_fields(name: str, schedule: Any, *, timezone: str) -> dict[str, Any
             field="schedule",
         )
     if isinstance(schedule, crontab):
-        # The fields as the user wrote them ("*/15", "mon-fri"), which cron reads alike.
-        parts = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
-        cron = " ".join(_cron_field(getattr(schedule, f"_orig_{part}")) for part in parts)
-        return {"cron": cron, "timezone": timezone}
+        return {"cron": crontab_expression(f"beat entry {name!r}", schedule), "timezone": timezone}
     if isinstance(schedule, every_schedule):
         return {"interval": _interval_seconds(getattr(schedule, "run_every"), name)}  # noqa: B009
     if isinstance(schedule, timedelta | int | float) and not isinstance(schedule, bool):
@@ -100,8 +159,10 @@ def entry_values(name: str, entry: Mapping[str, Any], *, timezone: str) -> dict[
     return {
         "name": name,
         "task": entry["task"],
-        "args": list(entry.get("args") or ()),
-        "kwargs": dict(entry.get("kwargs") or {}),
+        # As stored (JSON): an inner tuple kept as such would differ from its stored list
+        # at every sync, and each sync would make a new version.
+        "args": _plain(list(entry.get("args") or ())),
+        "kwargs": _plain(dict(entry.get("kwargs") or {})),
         "queue": getattr(queue, "name", queue),
         "priority": int(options.get("priority") or 0),
         **schedule_fields(name, entry["schedule"], timezone=timezone),

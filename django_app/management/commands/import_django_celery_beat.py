@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery.schedules import crontab
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection, transaction
 from django.utils.dateparse import parse_datetime
@@ -43,7 +44,7 @@ from celery_scheduler import errors
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app.management import queries
 from django_app.models import Schedule
-from django_app.schedules import audited, lifecycle, validation
+from django_app.schedules import audited, beat_schedule, lifecycle, validation
 
 PERIOD_SECONDS = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
 
@@ -137,7 +138,16 @@ def _timing(row: dict[str, Any]) -> dict[str, Any]:
         return timing
     if row["minute"] is not None:
         fields = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
-        cron = " ".join(str(row[f]).replace(" ", "") for f in fields)
+        written = {f: str(row[f]).replace(" ", "") for f in fields}
+        try:
+            # django-celery-beat runs the row as Celery's crontab: converted as beat's are
+            # (both day fields restricted: Celery's AND, which cron cannot say, is refused).
+            label = f"periodic task {row['name']!r}"
+            cron = beat_schedule.crontab_expression(label, crontab(**written))
+        except errors.UnsupportedSchedule as exc:
+            raise Skip(str(exc)) from None
+        except ValueError:  # Celery cannot read it either: validation says what is wrong
+            cron = " ".join(written[f] for f in fields)
         return {"cron": cron, "timezone": str(row["timezone"] or "UTC")}
     raise Skip("no schedule attached")
 

@@ -283,3 +283,22 @@ def test_each_malformed_row_is_skipped_with_its_reason_and_the_rest_imported(dcb
     for name in refused:  # the same reason, dry run and real run alike
         line = next(x for x in dry.splitlines() if f"{name!r}:" in x)
         assert line in real.splitlines()
+
+
+def test_a_crontab_imports_as_celery_runs_it(dcb: None) -> None:
+    """django-celery-beat runs a row as Celery's crontab: both day fields must match there,
+    either one in cron; a range that wraps (22-2) is Celery's, not cron's."""
+    from django_celery_beat import models as m
+
+    first_monday = m.CrontabSchedule.objects.create(
+        minute="0", hour="9", day_of_month="1-7", day_of_week="mon"
+    )
+    overnight = m.CrontabSchedule.objects.create(minute="0", hour="22-2")
+    m.PeriodicTask.objects.create(name="first-monday", task="billing.ping", crontab=first_monday)
+    m.PeriodicTask.objects.create(name="overnight", task="billing.ping", crontab=overnight)
+    code, out = run_status()
+    assert code == 1, out
+    assert "'first-monday'" in out
+    assert "restricts both day_of_month and day_of_week" in out
+    assert Schedule.objects.get(name="overnight").cron == "0 0,1,2,22,23 * * *"
+    assert not Schedule.objects.filter(name="first-monday").exists()

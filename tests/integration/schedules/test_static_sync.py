@@ -28,8 +28,13 @@ def a_solar(event: str, lat: float, lon: float) -> solar:
         (crontab(), {"cron": "* * * * *", "timezone": "Asia/Kolkata"}),
         (crontab(minute=0, hour=4), {"cron": "0 4 * * *", "timezone": "Asia/Kolkata"}),
         (
-            crontab(minute="*/5", hour="9-17", day_of_week="mon-fri", day_of_month="1-7"),
-            {"cron": "*/5 9-17 1-7 * mon-fri", "timezone": "Asia/Kolkata"},
+            crontab(minute="*/5", hour="9-17", day_of_week="mon-fri"),
+            {"cron": "*/5 9-17 * * mon-fri", "timezone": "Asia/Kolkata"},
+        ),
+        # Ranges that wrap (Celery reads them, cron does not): the values, listed.
+        (
+            crontab(minute=0, hour="22-2", day_of_week="sat-mon"),
+            {"cron": "0 0,1,2,22,23 * * 0,1,6", "timezone": "Asia/Kolkata"},
         ),
         (crontab(minute=[30, 0]), {"cron": "0,30 * * * *", "timezone": "Asia/Kolkata"}),
         (timedelta(minutes=2), {"interval": 120}),
@@ -49,11 +54,58 @@ def test_conversions(value: Any, expected: dict[str, Any]) -> None:
         (0.5, "not a whole number of seconds >= 1"),
         (timedelta(seconds=1.5), "not a whole number"),
         ("every day", "schedule type str is not supported"),
+        # "The first Monday": Celery runs on days matching both fields, cron on either.
+        (
+            crontab(minute=0, hour=0, day_of_week="mon", day_of_month="1-7"),
+            "restricts both day_of_month and day_of_week",
+        ),
     ],
 )
 def test_unsupported_schedules_are_refused_clearly(value: Any, message: str) -> None:
     with pytest.raises(errors.UnsupportedSchedule, match=message):
         beat_schedule.schedule_fields("e", value, timezone="UTC")
+
+
+def test_a_converted_crontab_fires_where_celery_runs_it() -> None:
+    """Each conversion against Celery's own reading of the crontab, over a year of minutes
+    checked day by day: the same days, hours and minutes (in the schedule's zone)."""
+    from datetime import UTC, datetime
+
+    from celery_scheduler.core.timemath import CronTrigger
+
+    value: Any
+    for value in (
+        crontab(minute="*/20", hour="22-2"),
+        crontab(minute=15, hour=3, day_of_week="sat-mon"),
+        crontab(minute=0, hour=9, day_of_month="1,15", month_of_year="*/3"),
+        crontab(minute=0, hour=9, day_of_month="1-31", day_of_week="mon"),  # Mondays
+        crontab(minute=0, hour=9, day_of_month="*/2", day_of_week="mon"),  # both, "*/2" too
+    ):
+        cron = beat_schedule.schedule_fields("e", value, timezone="UTC")["cron"]
+        fired = CronTrigger(expression=cron, timezone="UTC").next_after
+        at: datetime | None = datetime(2026, 1, 1, tzinfo=UTC)
+        for _ in range(200):
+            assert at is not None
+            at = fired(at)
+            assert at is not None
+            assert at.minute in value.minute, (cron, at)
+            assert at.hour in value.hour, (cron, at)
+            assert at.day in value.day_of_month, (cron, at)
+            assert at.month in value.month_of_year, (cron, at)
+            assert (at.weekday() + 1) % 7 in value.day_of_week, (cron, at)
+
+
+@pytest.mark.django_db
+def test_an_entry_with_nested_tuples_is_unchanged_by_a_second_sync() -> None:
+    """args/kwargs read back from JSON with lists where the entry has tuples: every sync
+    (every beat's start) saw a change and made a new version."""
+    entries = {
+        "pairs": {"task": "billing.ping", "schedule": timedelta(minutes=5),
+                  "args": ((1, 2), [3, (4,)]), "kwargs": {"span": (0, 9)}},
+    }  # fmt: skip
+    assert beat_schedule.sync_beat_schedule(entries).created == ["pairs"]
+    assert beat_schedule.sync_beat_schedule(entries).unchanged == ["pairs"]
+    assert Schedule.objects.get(name="pairs").version == 1
 
 
 @pytest.mark.django_db
