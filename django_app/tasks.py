@@ -331,7 +331,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
         _log_outcome(occurrence_id, outcome)
         presentation.settled(outcome["outcome"])
         failure = outcome.pop("exception", None)
-        if failure is not None:
+        if failure is not None and outcome["outcome"] in SETTLED_BY_THIS_ATTEMPT:
             report_failure(failure, outcome)
         if outcome["outcome"] != "SUCCEEDED":
             # Not run by this delivery (a duplicate, a deferral, a lapsed lease) or
@@ -412,9 +412,14 @@ def run_occurrence(
     _log_outcome(occurrence_id, outcome)
     outcome.pop("value", None)  # the wrapper's own result is its outcome dict
     failure = outcome.pop("exception", None)
-    if failure is not None:
+    if failure is not None and outcome["outcome"] in SETTLED_BY_THIS_ATTEMPT:
         report_failure(failure, outcome)
     return outcome
+
+
+#: A failed body's outcomes this attempt recorded; after a stale write (another attempt owns
+#: the run now) that attempt reports what becomes of it, not this one.
+SETTLED_BY_THIS_ATTEMPT = frozenset({"RETRY_WAIT", "DEAD"})
 
 
 def report_failure(exc: Exception, outcome: dict[str, Any]) -> NoReturn:

@@ -46,6 +46,20 @@ def retries(self: Any) -> None:
     raise self.retry(exc=ConnectionError("vendor down"), countdown=10)
 
 
+@app.task(name="p.superseded")
+def superseded() -> None:
+    # Another worker re-claimed the run meanwhile (its lease had lapsed): a new token.
+    from django.db.models import F
+
+    from celery_scheduler.tasks import current_occurrence_id
+    from django_app.models import Occurrence
+
+    Occurrence.objects.filter(pk=str(current_occurrence_id())).update(
+        fencing_token=F("fencing_token") + 1
+    )
+    raise ValueError("failed after losing the run")
+
+
 @app.task(name="p.autoretries", autoretry_for=(ConnectionError,), max_retries=3)
 def autoretries() -> None:
     raise ConnectionError("vendor down")
@@ -153,3 +167,15 @@ def test_a_run_with_no_retry_left_is_a_celery_failure_and_sends_nothing(
     result = app.AsyncResult(str(occ.id))
     assert result.state == "FAILURE"
     assert isinstance(result.result, ConnectionError)
+
+
+def test_an_attempt_that_lost_its_run_reports_no_failure(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Its failure write is refused (a stale token): the attempt that owns the run reports
+    what becomes of it; this one stored a FAILURE under the occurrence id."""
+    occ = make_occurrence(make_schedule(tenant, task="p.superseded"), frozen_clock.now())
+    deliver(occ)
+    occ.refresh_from_db()
+    assert (occ.state, occ.fencing_token) == ("RUNNING", 2)
+    assert app.AsyncResult(str(occ.id)).state == "PENDING"
