@@ -51,6 +51,8 @@ class Route:
     queue: str
     key: str | None  # None: not reproducible here, use the fallback
     delivery_mode: int | None
+    #: The priority ``task_routes`` gives the task (below the schedule's and the task's).
+    priority: int | None = None
 
 
 class _NotPlain(Exception):
@@ -158,10 +160,11 @@ class TaskMessages:
 
     def priority(self, message: OccurrenceMessage) -> int:
         """The schedule's priority, else the user task's own (as its apply_async would use),
-        else the wrapper's."""
+        else its route's (``task_routes``), else the wrapper's: as ``CeleryPublisher``."""
         return int(
             message.priority
             or getattr(self.app.tasks.get(message.task), "priority", None)
+            or self.route(message).priority
             or self.wrapper_options.get("priority")
             or 0
         )
@@ -238,7 +241,9 @@ class TaskMessages:
             try:
                 queue = self.app.amqp.queues[queue]
             except KeyError:  # task_create_missing_queues off: kombu raises its own error
-                return Route(queue=queue, key=None, delivery_mode=None)
+                return Route(
+                    queue=queue, key=None, delivery_mode=None, priority=options.get("priority")
+                )
         name = getattr(queue, "name", None)
         exchange = getattr(queue, "exchange", None)
         # Celery: an explicit delivery_mode (the task's) wins over the exchange's.
@@ -254,7 +259,10 @@ class TaskMessages:
             and not getattr(queue, "expires", None)
             and not any(options.get(k) for k in ("expires", "compression"))
         )
-        return Route(queue=name or "", key=name if reproducible else None, delivery_mode=mode)
+        return Route(
+            queue=name or "", key=name if reproducible else None, delivery_mode=mode,
+            priority=options.get("priority"),
+        )  # fmt: skip
 
     def _wrapper_exec_options(self) -> dict[str, Any]:
         task = self.app.tasks.get(RUN_OCCURRENCE_TASK) if self.app.finalized else None

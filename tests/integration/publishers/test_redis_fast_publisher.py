@@ -36,7 +36,10 @@ WHEN = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 def make_app(redis_url: str) -> Celery:
     app = Celery("fast-path-test", broker=redis_url, set_as_current=False)
-    app.conf.task_routes = {"reports.*": {"queue": "reports"}}
+    app.conf.task_routes = {
+        "reports.*": {"queue": "reports"},
+        "urgent.*": {"queue": "reports", "priority": 9},
+    }
     app.conf.task_queues = [
         Queue("celery"),
         Queue("reports"),
@@ -90,8 +93,9 @@ def pop_all(client: redis.Redis, key: str) -> list[dict[str, Any]]:
         ({"queue": "special"}, "special"),
         ({"priority": 5}, f"celery{KOMBU_REDIS_SEP}3"),
         ({"priority": 9}, f"celery{KOMBU_REDIS_SEP}9"),
+        ({"task": "urgent.page"}, f"reports{KOMBU_REDIS_SEP}9"),
     ],
-    ids=["default-queue", "routed", "explicit-queue", "priority-5", "priority-9"],
+    ids=["default-queue", "routed", "explicit-queue", "priority-5", "priority-9", "route-priority"],
 )
 def test_envelope_equals_send_task_field_by_field(
     app: Celery, client: redis.Redis, fields: dict[str, Any], key: str
