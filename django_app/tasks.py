@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
-from celery.exceptions import Ignore, MaxRetriesExceededError, Retry
+from celery.exceptions import Ignore, MaxRetriesExceededError, NotRegistered, Retry
 from django.db import DatabaseError, InterfaceError
 
 from celery_scheduler import errors
@@ -160,7 +160,7 @@ def execute(
             clock,
         ):
             _ran(claimed, clock)
-        return {"outcome": "DEAD", "reason": error}
+        return {"outcome": "DEAD", "reason": error, "unknown_task": True}
     if not lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
     heartbeat = heartbeats.hold(
@@ -414,6 +414,9 @@ def run_occurrence(
     failure = outcome.pop("exception", None)
     if failure is not None and outcome["outcome"] in SETTLED_BY_THIS_ATTEMPT:
         report_failure(failure, outcome)
+    if outcome.get("unknown_task"):
+        # Dead-lettered (recorded): Celery's own word for it, not a success of the wrapper.
+        raise NotRegistered(task)
     return outcome
 
 

@@ -179,3 +179,27 @@ def test_an_attempt_that_lost_its_run_reports_no_failure(
     occ.refresh_from_db()
     assert (occ.state, occ.fencing_token) == ("RUNNING", 2)
     assert app.AsyncResult(str(occ.id)).state == "PENDING"
+
+
+def test_a_run_of_a_task_this_worker_does_not_know_is_not_a_celery_success(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Dead-lettered as before, but the wrapper returned its outcome dict: task-succeeded,
+    Flower's SUCCESS and a "succeeded" log line for a run that could not start. Celery's
+    own answer is NotRegistered."""
+    from celery.exceptions import NotRegistered
+
+    failures: list[Any] = []
+
+    def on_failure(exception: Any = None, **_: Any) -> None:
+        failures.append(exception)
+
+    signals.task_failure.connect(on_failure, weak=False)
+    try:
+        occ = make_occurrence(make_schedule(tenant, task="p.gone"), frozen_clock.now())
+        deliver(occ)
+    finally:
+        signals.task_failure.disconnect(on_failure)
+    occ.refresh_from_db()
+    assert occ.state == "DEAD"
+    assert [type(e) for e in failures] == [NotRegistered]
