@@ -83,7 +83,9 @@ def policy_for(
         max_attempts=max_attempts,
         backoff_base=base,
         backoff_cap=max(cap, base),
-        permanent_errors=tuple(getattr(target, "permanent_errors", ()) or ()),
+        # Celery's dont_autoretry_for: those fail at once under autoretry_for (checked first).
+        permanent_errors=tuple(getattr(target, "permanent_errors", ()) or ())
+        + (tuple(getattr(target, "dont_autoretry_for", ()) or ()) if autoretry else ()),
         transient_errors=tuple(getattr(target, "transient_errors", ()) or ()) + autoretry,
         jitter=jitter,
     )

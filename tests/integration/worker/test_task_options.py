@@ -72,6 +72,21 @@ def test_autoretry_for_retries_as_celery_would_max_retries_and_a_fixed_countdown
     assert policy_for(task, claimed(max_attempts=5)).max_attempts == 5
 
 
+@app.task(name="o.autoretry_but", autoretry_for=(Exception,), dont_autoretry_for=(ValueError,))
+def autoretry_but_task() -> None:
+    raise ValueError("bad input")
+
+
+def test_dont_autoretry_for_fails_at_once_as_celery_would() -> None:
+    """autoretry_for=(Exception,) made every error transient, dont_autoretry_for ignored:
+    a ValueError was retried (Celery fails it at once)."""
+    from celery_scheduler.core import retry
+
+    policy = policy_for(app.tasks["o.autoretry_but"], claimed())
+    assert retry.classify(ValueError("bad input"), policy) is retry.ErrorClass.PERMANENT
+    assert retry.classify(ConnectionError("reset"), policy) is retry.ErrorClass.TRANSIENT
+
+
 def test_retry_backoff_keeps_celerys_exponential_backoff_and_jitter() -> None:
     task: Any = app.tasks["o.autoretry"]
     task.retry_backoff, task.retry_backoff_max, task.retry_jitter = 2, 60, False
