@@ -175,6 +175,12 @@ def execute(
             run=scheduled_run(claimed, message, sent_for),
         ):  # fmt: skip
             value = body() if body is not None else target(*args, **kwargs)
+    except Ignore:
+        # Celery's "this task ends here, record nothing" (and self.replace(), which sent
+        # its replacement): the run is over, not failed. Recorded as done, then Celery's
+        # own Ignore goes on up (its state is not stored).
+        ignored = _settle_success(occurrence_id, token, None, claimed, clock)
+        return {**ignored, "ignored": True}
     except Exception as exc:
         heartbeat.stop()
         decision = retry.decide(
@@ -216,6 +222,13 @@ def execute(
     finally:
         heartbeat.stop()
     fault_point("worker.after_effect")
+    return {**_settle_success(occurrence_id, token, value, claimed, clock), "value": value}
+
+
+def _settle_success(
+    occurrence_id: str, token: int, value: Any, claimed: claim.ClaimResult, clock: Clock
+) -> dict[str, Any]:
+    """Write a finished body's completion: SUCCEEDED, or STALE_WRITE if the run was lost."""
     result = _jsonable(value)
     ok = _finish(
         "completion",
@@ -227,10 +240,7 @@ def execute(
     )
     if ok:
         _ran(claimed, clock)
-    return {
-        "outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token,
-        "value": value,
-    }  # fmt: skip
+    return {"outcome": "SUCCEEDED" if ok else "STALE_WRITE", "result": result, "token": token}
 
 
 def message_time(message: Mapping[str, Any] | None) -> datetime | None:
@@ -335,7 +345,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
         failure = outcome.pop("exception", None)
         if failure is not None and outcome["outcome"] in SETTLED_BY_THIS_ATTEMPT:
             report_failure(failure, outcome)
-        if outcome["outcome"] != "SUCCEEDED":
+        if outcome["outcome"] != "SUCCEEDED" or outcome.get("ignored"):
             # Not run by this delivery (a duplicate, a deferral, a lapsed lease) or
             # superseded (a stale write): the attempt that owns the run reports it.
             raise Ignore()

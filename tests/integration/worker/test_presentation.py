@@ -46,6 +46,13 @@ def retries(self: Any) -> None:
     raise self.retry(exc=ConnectionError("vendor down"), countdown=10)
 
 
+@app.task(name="p.ignores")
+def ignores() -> None:
+    from celery.exceptions import Ignore
+
+    raise Ignore()
+
+
 @app.task(name="p.superseded")
 def superseded() -> None:
     # Another worker re-claimed the run meanwhile (its lease had lapsed): a new token.
@@ -203,3 +210,15 @@ def test_a_run_of_a_task_this_worker_does_not_know_is_not_a_celery_success(
     occ.refresh_from_db()
     assert occ.state == "DEAD"
     assert [type(e) for e in failures] == [NotRegistered]
+
+
+def test_a_body_that_raises_ignore_ends_its_run_without_a_retry(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Celery's Ignore (also what self.replace() raises after sending its replacement)
+    was an unknown error to the scheduler: transient, so retried up to max_attempts."""
+    occ = make_occurrence(make_schedule(tenant, task="p.ignores"), frozen_clock.now())
+    deliver(occ)
+    occ.refresh_from_db()
+    assert (occ.state, occ.attempt_count) == ("SUCCEEDED", 1)
+    assert app.AsyncResult(str(occ.id)).state == "PENDING"  # Ignore: nothing stored
