@@ -59,6 +59,8 @@ _occurrence_id: ContextVar[str | None] = ContextVar("scheduler_occurrence_id", d
 _idempotency_key: ContextVar[str | None] = ContextVar("scheduler_idempotency_key", default=None)
 _tenant_id: ContextVar[int | None] = ContextVar("scheduler_tenant_id", default=None)
 _fence: ContextVar[tuple[int, Clock] | None] = ContextVar("scheduler_fence", default=None)
+#: Idempotent tasks that took the running occurrence's id as their key (a fresh set per run).
+_keyed_by_run: ContextVar[set[str] | None] = ContextVar("scheduler_keyed_by_run", default=None)
 
 
 class Origin(enum.StrEnum):
@@ -157,9 +159,11 @@ def occurrence_context(
     fence = None if fencing_token is None else (fencing_token, clock or SYSTEM_CLOCK)
     fence_token = _fence.set(fence)
     run_token = _run.set(run)
+    keyed_token = _keyed_by_run.set(set())
     try:
         yield
     finally:
+        _keyed_by_run.reset(keyed_token)
         _run.reset(run_token)
         _fence.reset(fence_token)
         _tenant_id.reset(tenant_token)
@@ -190,6 +194,18 @@ def normalize_key(raw: object, task_name: str) -> str:
 def _default_key(task_name: str) -> str:
     occurrence = current_occurrence_id()
     if occurrence:
+        keyed = _keyed_by_run.get()
+        if keyed is not None and task_name in keyed:
+            # Under the same key it would return the first call's result and not run.
+            raise errors.MissingIdempotencyKey(
+                f"idempotent task {task_name} was called again in the same scheduled run "
+                f"({occurrence}) without key=: the run's id is the default key of its first "
+                "call only, and a second call under it would return the first call's result "
+                "without running; pass key= to @idempotent_task (e.g. built from the call's "
+                "arguments)"
+            )
+        if keyed is not None:
+            keyed.add(task_name)
         return occurrence
     # deferred (import-light): importing the decorator does not import Celery
     from celery import current_task

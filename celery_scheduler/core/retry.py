@@ -11,7 +11,8 @@ Classification order (first match wins):
 3. an HTTP status on the exception (``exc.status_code`` or ``exc.response.status_code``):
    429 and 5xx -> TRANSIENT, other 4xx -> PERMANENT (the request itself is wrong);
 4. built-in permanent: ``TypeError``, ``ValueError``, ``KeyError`` (bad parameters; includes
-   ``errors.ValidationError`` and ``errors.NotJSONSerializable``) -> PERMANENT;
+   ``errors.ValidationError`` and ``errors.NotJSONSerializable``) and
+   ``errors.MissingIdempotencyKey`` (the code must pass ``key=``) -> PERMANENT;
 5. built-in transient: ``errors.TransientError`` (and ``Throttled``), ``ConnectionError``,
    ``TimeoutError``, ``OSError`` (socket errors are ``OSError``) -> TRANSIENT;
 6. anything else -> TRANSIENT. An unknown error is retried because the budget
@@ -28,7 +29,9 @@ from enum import StrEnum
 
 from celery_scheduler import errors
 
-PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (TypeError, ValueError, KeyError)
+PERMANENT_BUILTINS: tuple[type[BaseException], ...] = (
+    TypeError, ValueError, KeyError, errors.MissingIdempotencyKey,
+)  # fmt: skip
 TRANSIENT_BUILTINS: tuple[type[BaseException], ...] = (
     errors.TransientError,
     ConnectionError,

@@ -73,6 +73,7 @@ def test_default_key_is_the_occurrence_id_under_the_scheduler() -> None:
     occurrence = str(uuid.uuid4())
     with occurrence_context(occurrence):
         first = charge("c2")
+    with occurrence_context(occurrence):  # another delivery of the run: a context of its own
         second = charge.apply(args=("c2",), task_id="another-delivery").get()
     assert first["key"] == occurrence
     assert second == first

@@ -15,6 +15,7 @@ from celery import Celery, signals
 
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.publishers import RUN_OCCURRENCE_TASK
+from celery_scheduler.tasks import idempotent_task
 from django_app.tasks import run_occurrence
 from django_app.worker import presentation
 from tests.integration.worker_support import make_occurrence, make_schedule, message_kwargs
@@ -44,6 +45,21 @@ def raises() -> None:
 @app.task(name="p.retries", bind=True)
 def retries(self: Any) -> None:
     raise self.retry(exc=ConnectionError("vendor down"), countdown=10)
+
+
+notified: list[str] = []
+
+
+@idempotent_task(app=app, name="p.notify")
+def notify(to: str) -> str:
+    notified.append(to)
+    return to
+
+
+@app.task(name="p.notifies_twice")
+def notifies_twice() -> None:
+    notify("a@example.com")
+    notify("b@example.com")
 
 
 @app.task(name="p.ignores")
@@ -222,3 +238,18 @@ def test_a_body_that_raises_ignore_ends_its_run_without_a_retry(
     occ.refresh_from_db()
     assert (occ.state, occ.attempt_count) == ("SUCCEEDED", 1)
     assert app.AsyncResult(str(occ.id)).state == "PENDING"  # Ignore: nothing stored
+
+
+def test_an_idempotent_task_called_twice_in_a_run_without_a_key_is_refused(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """Both calls took the run's id as their key: the second returned the first's result
+    and its effect (the mail to b) silently never happened."""
+    notified.clear()
+    occ = make_occurrence(make_schedule(tenant, task="p.notifies_twice"), frozen_clock.now())
+    deliver(occ)
+    occ.refresh_from_db()
+    assert notified == ["a@example.com"]
+    assert occ.state == "DEAD"
+    assert "MissingIdempotencyKey" in occ.last_error
+    assert "called again in the same scheduled run" in occ.last_error
