@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from io import StringIO
 from pathlib import Path
@@ -759,6 +760,21 @@ def seed_plain(schedule: Schedule, now: datetime, n: int) -> None:
         )
 
 
+@contextmanager
+def plain_tables() -> Iterator[tuple[str, str, str]]:
+    """The history tables as a populated install's migration 0020 leaves them (plain, no
+    partition), given back empty and partitioned, as the migration made them, afterwards."""
+    occ, att, out = partitions.tables()
+    assert partitions.unpartition_empty_tables() == [occ, att, out]
+    try:
+        yield occ, att, out
+    finally:
+        with connection.cursor() as cur:
+            for table in (occ, att, out):
+                cur.execute(f"TRUNCATE {table}")
+        partitions.partition_empty_tables(datetime.now(UTC), width=DAY, ahead=3)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_key_backfill_waits_for_rows_others_hold_locked(tenant: Any) -> None:
     """The conversion copies the key in batches that skip locked rows; when only rows a
@@ -767,10 +783,8 @@ def test_the_key_backfill_waits_for_rows_others_hold_locked(tenant: Any) -> None
     occurrence's time (here an hour off), so lookups by key missed them from then on."""
     from django_app.db import convert
 
-    occ, att, out = partitions.tables()
     now = datetime.now(UTC)
-    assert partitions.unpartition_empty_tables() == [occ, att, out]
-    try:
+    with plain_tables() as (occ, _att, out):
         seed_plain(make_schedule(tenant), now, 60)
         held = list(OutboxEntry.objects.order_by("id").values_list("id", flat=True)[:5])
         OutboxEntry.objects.filter(id__in=held).update(created_at=now - timedelta(hours=1))
@@ -814,11 +828,6 @@ def test_the_key_backfill_waits_for_rows_others_hold_locked(tenant: Any) -> None
                 "WHERE b.scheduled_for IS DISTINCT FROM o.scheduled_for"
             )
             assert cur.fetchone() == (0,)
-    finally:
-        with connection.cursor() as cur:
-            for table in (occ, att, out):
-                cur.execute(f"TRUNCATE {table}")
-        partitions.partition_empty_tables(now, width=DAY, ahead=3)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -831,22 +840,14 @@ def test_a_dead_run_from_before_the_key_is_replayed_on_an_unconverted_install(
     the outbox's unique key (IntegrityError)."""
     from celery_scheduler import api
 
-    occ, att, out = partitions.tables()
-    now = datetime.now(UTC)
-    assert partitions.unpartition_empty_tables() == [occ, att, out]
-    try:
-        seed_plain(make_schedule(tenant), now, 100)
+    with plain_tables():
+        seed_plain(make_schedule(tenant), datetime.now(UTC), 100)
         dead = Occurrence.objects.filter(state=S.DEAD).order_by("scheduled_for").first()
         assert dead is not None
         replayed = api.replay_occurrence(dead.id)
         assert replayed.state == S.ENQUEUED
         entry = OutboxEntry.objects.get(occurrence_id=dead.id)
         assert (entry.sent_at, entry.scheduled_for) == (None, dead.scheduled_for)
-    finally:
-        with connection.cursor() as cur:
-            for table in (occ, att, out):
-                cur.execute(f"TRUNCATE {table}")
-        partitions.partition_empty_tables(now, width=DAY, ahead=3)
 
 
 @pytest.mark.django_db(transaction=True)

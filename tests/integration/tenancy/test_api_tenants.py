@@ -93,14 +93,14 @@ def test_duplicate_slug_and_unknown_tenant() -> None:
     assert Tenant.objects.get(slug="acme").max_running is None  # nothing written
 
 
+def every_minute_in_acme(clock: FrozenClock) -> dict[str, Any]:
+    """create_schedule arguments (all but the name) of a per-minute cron of tenant acme."""
+    return {"task": "billing.ping", "cron": "* * * * *", "tenant": "acme", "clock": clock}
+
+
 def test_max_schedules_change_applies_to_the_next_create(frozen_clock: FrozenClock) -> None:
     api.create_tenant("acme", max_schedules=1)
-    make: dict[str, Any] = {
-        "task": "billing.ping",
-        "cron": "* * * * *",
-        "tenant": "acme",
-        "clock": frozen_clock,
-    }
+    make = every_minute_in_acme(frozen_clock)
     api.create_schedule(name="one", **make)
     with pytest.raises(errors.QuotaExceeded):
         api.create_schedule(name="two", **make)
@@ -113,12 +113,7 @@ def test_max_schedules_of_zero_is_no_limit_on_every_create_path(
 ) -> None:
     """0, like None, means no limit (as for the other quotas); it refused every create."""
     api.create_tenant("acme", max_schedules=0)
-    make: dict[str, Any] = {
-        "task": "billing.ping",
-        "cron": "* * * * *",
-        "tenant": "acme",
-        "clock": frozen_clock,
-    }
+    make = every_minute_in_acme(frozen_clock)
     api.create_schedule(name="one", **make)
     api.create_schedule(name="two", idempotency_key="k2", **make)
     api.create_schedules([{"name": "three", "task": "billing.ping", "cron": "* * * * *"}],
