@@ -9,6 +9,7 @@ tenant never changes, so the check cannot go stale before the call.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
@@ -118,6 +119,16 @@ def _filters(request: Request, given: dict[str, Any]) -> dict[str, Any]:
             if any(not sep for _, sep, _ in pairs):
                 raise errors.ValidationError(
                     "several tag filters must each be 'key=value'", field="tag"
+                )
+            counted = Counter(k.strip() for k, _, _ in pairs)
+            twice = sorted(k for k, n in counted.items() if n > 1)
+            if twice:
+                # Folded into one mapping the last value would win: the filter (and a bulk
+                # change by it) would reach schedules the caller excluded.
+                raise errors.ValidationError(
+                    f"tag filters name the key {twice[0]!r} more than once; a schedule has "
+                    "one value per key",
+                    field="tag",
                 )
             filters["tag"] = {k: v for k, _, v in pairs}
     return {k: v for k, v in filters.items() if v is not None}
@@ -372,7 +383,10 @@ class BulkView(SchedulerAPIView):
         given = self.parse(s.BulkRequest, request.data)
         note = given.pop("note", None)
         reason = given.pop("reason", None)
-        if not any(v not in (None, "", []) for v in given.values()):
+        scoped = _filters(request, given)  # another tenant named: 403 before anything else
+        # The tenant is a scope, not a filter: {"tenant": "acme"} is every schedule of acme.
+        chosen = {k: v for k, v in given.items() if k != "tenant"}
+        if not any(v not in (None, "", []) for v in chosen.values()):
             # A token's tenant is implied, not chosen: an empty filter would otherwise mean
             # "every schedule of my tenant", which the API refuses to do by accident.
             raise errors.ValidationError(
@@ -380,7 +394,7 @@ class BulkView(SchedulerAPIView):
                 "a bulk change of every schedule is refused",
                 field="filter",
             )
-        filters = _filters(request, given)
+        filters = scoped
         if note is not None:
             if action != "pause":
                 raise errors.ValidationError("note is only for a bulk pause", field="note")

@@ -291,8 +291,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         when = datetime.fromisoformat(at)
         if when.tzinfo is None:
             raise ValueError("naive")
+        # A cursor made up far from any real row (year 1 or 9999 with an offset) would
+        # overflow in the database's datetime conversion.
+        timemath.check_instant(when, "after")
         return when, uuid.UUID(pk)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, AttributeError):
+    except (
+        binascii.Error, ValueError, TypeError, UnicodeDecodeError, AttributeError,
+        errors.ValidationError,
+    ):  # fmt: skip
         raise errors.ValidationError(
             "after is not a cursor returned by list_schedules", field="after"
         ) from None
@@ -310,6 +316,10 @@ def parse_tag(tag: str | Mapping[str, str] | None, *, field: str = "tag") -> dic
     else:
         raise errors.ValidationError(
             f"{field} must be 'key=value', 'key' or a mapping, got {tag!r}", field=field
+        )
+    if len(pairs) > validation.MAX_TAGS:  # a schedule has no more: more cannot all match
+        raise errors.ValidationError(
+            f"{field} names {len(pairs)} keys; at most {validation.MAX_TAGS}", field=field
         )
     for name, wanted in pairs.items():
         if not name.strip() or len(name) > 100:

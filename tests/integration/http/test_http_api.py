@@ -8,6 +8,8 @@ isolation between tenants' tokens, checked on the rows themselves.
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -182,6 +184,30 @@ def test_changes_are_audited_with_the_token_or_user_as_actor(
     assert runs_now.count() == 1
 
 
+FAR_CURSOR = (
+    base64.urlsafe_b64encode(
+        json.dumps(["0001-01-01T00:00:00+01:00", str(uuid.UUID(int=1))]).encode()
+    )
+    .decode()
+    .rstrip("=")
+)
+
+
+def test_a_bulk_change_reaches_no_schedule_the_filter_excludes(acme: HttpClient) -> None:
+    """A key repeated in the tag filters (repeat to AND) kept its last value: a bulk cancel
+    by env=prod AND env=staging canceled every env=staging schedule. And a token's body
+    naming only its own tenant counted as a filter: every schedule of the tenant."""
+    staging = acme.post("schedules/", {**CREATE, "name": "s", "tags": {"env": "staging"}})
+    sid = staging.body["schedule"]["id"]
+    both = acme.post("schedules/bulk/cancel/", {"tag": ["env=prod", "env=staging"]})
+    assert (both.status, both.body.get("field")) == (400, "tag"), both.body
+    listed = acme.get("schedules/?tag=env=prod&tag=env=staging")
+    assert (listed.status, listed.body.get("field")) == (400, "tag"), listed.body
+    scope_only = acme.post("schedules/bulk/cancel/", {"tenant": "acme"})
+    assert (scope_only.status, scope_only.body.get("field")) == (400, "filter"), scope_only.body
+    assert Schedule.objects.get(pk=sid).state == "ACTIVE"
+
+
 def test_bulk_actions_by_filter_report_each_schedule(acme: HttpClient) -> None:
     ids = [
         acme.post("schedules/", {**CREATE, "name": f"etl {n}", "tags": {"team": "data"}}).body[
@@ -260,6 +286,10 @@ def test_bad_updates_actions_and_queries_are_400s_that_change_nothing(acme: Http
         ("GET", "schedules/?state=SLEEPING", None, "state"),
         ("GET", "schedules/?limit=0", None, "limit"),
         ("GET", "schedules/?cursor=garbage", None, "cursor"),
+        # Made up, not garbled: a well-formed cursor at year 1 overflowed the database.
+        ("GET", f"schedules/?cursor={FAR_CURSOR}", None, "cursor"),
+        ("GET", f"schedules/{sid}/occurrences/?cursor={FAR_CURSOR}", None, "cursor"),
+        ("GET", "schedules/?" + "&".join(f"tag=k{n}=v" for n in range(51)), None, "tag"),
         ("GET", "schedules/?next_run_before=2030-01-01T00:00:00", None, "next_run_before"),
         ("GET", f"schedules/{sid}/?next_count=0", None, "next_count"),
     ]
