@@ -26,14 +26,25 @@ if TYPE_CHECKING:
     from celery_scheduler.core.reports import MaterializeReport
 
 
-def published(scheduled: Iterable[tuple[str, datetime]], accepted_at: datetime) -> None:
-    """Count published occurrences and observe their lag; ``scheduled``: (tenant, time)."""
-    lags = _per_tenant(scheduled, accepted_at)
-    for tenant, seconds in lags.items():
+def published(first: Iterable[tuple[str, datetime]], accepted_at: datetime, *, count: int) -> None:
+    """Count ``count`` published messages, and observe the lag of the occurrences among
+    them that went out for the first time (``first``: (tenant, scheduled time)).
+
+    A message published again (a retry after its backoff, a deferred waiter, a redelivery)
+    keeps its first publish's ``enqueued_at``: its lag was observed then, and its later
+    publish is no lateness of the schedule's. Nor is a backfill's, which runs a past time
+    on purpose: callers leave those out of ``first``.
+    """
+    for tenant, seconds in _per_tenant(first, accepted_at).items():
         metrics.observe_many("schedule_lag_seconds", seconds, tenant=tenant)
-    count = sum(len(seconds) for seconds in lags.values())
     if count:
         metrics.inc("published_total", count)
+
+
+def first_publish(state: str, manual: bool, version: int) -> bool:
+    """Whether a row in ``state`` goes out for the first time as the schedule's own run (not
+    a re-publish, not a backfill: version 0, manual)."""
+    return state == "SCHEDULED" and not (manual and version == 0)
 
 
 def _per_tenant(rows: Iterable[tuple[str, datetime]], until: datetime) -> dict[str, list[float]]:

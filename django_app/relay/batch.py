@@ -408,7 +408,16 @@ def _publish_rows(
         fault_point("relay.after_publish")
         fault_point("relay.before_mark")
         sent_at = clock.now()
-        observe.published(((m.tenant, m.scheduled_for) for _, m in to_send), sent_at)
+        first = [
+            (m.tenant, m.scheduled_for)
+            for row, m in to_send
+            if observe.first_publish(
+                by_id[row.occurrence_id].state,
+                by_id[row.occurrence_id].manual,
+                by_id[row.occurrence_id].schedule_version,
+            )
+        ]
+        observe.published(first, sent_at, count=len(to_send))
         observe.left_scheduled(
             (
                 (m.tenant, by_id[row.occurrence_id].created_at)

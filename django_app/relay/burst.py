@@ -597,7 +597,12 @@ class BurstRelay:
             by_time.setdefault(at, []).append((slugs.get(tenant_id, str(tenant_id)), locked))
         for at, rows in by_time.items():
             # locked: (state, version, manual, schedule_id, scheduled_for, created_at)
-            observe.published(((tenant, locked[4]) for tenant, locked in rows), at)
+            first = [
+                (tenant, locked[4])
+                for tenant, locked in rows
+                if observe.first_publish(locked[0], locked[2], locked[1])
+            ]
+            observe.published(first, at, count=len(rows))
             observe.left_scheduled(
                 ((tenant, locked[5]) for tenant, locked in rows if locked[0] == _SCHEDULED), at
             )
@@ -730,7 +735,11 @@ class BurstRelay:
                 j += 1
             chunk = send[i:j]
             stopping.hold()  # from the first message on, a rollback would send it again
-            self.publisher.publish_prepared([r.prepared for r in chunk])
+            try:
+                self.publisher.publish_prepared([r.prepared for r in chunk])
+            except Exception:
+                observe.publish_failed(len(chunk))
+                raise
             accepted.append((chunk, self.clock.now()))
             i = j
         self.stats.add("publish", len(send), started)

@@ -32,6 +32,7 @@ from django.db import connection
 from celery_scheduler import api, metrics
 from celery_scheduler.core.clock import FrozenClock, SystemClock
 from celery_scheduler.core.enums import OccurrenceState
+from celery_scheduler.errors import CoordinationUnavailable
 from celery_scheduler.publishers import OccurrenceMessage, RecordingPublisher
 from django_app.models import Occurrence, OutboxEntry, Schedule, Tenant
 from django_app.relay.batch import RelayReport
@@ -312,6 +313,49 @@ def test_a_tenant_trigger_rate_holds_and_the_rest_goes_out_later(relay: RelayFac
         allowed = 5 + 5 * (at - NOW).total_seconds()
         assert n <= allowed + 1e-9, (n, at)
     assert rated_times[-1] >= NOW + timedelta(seconds=3)
+
+
+def test_only_a_schedules_own_first_publish_is_observed_as_lag(relay: RelayFactory) -> None:
+    """A retry's publish after its backoff (and a deferred waiter's, a redelivery's) and a
+    backfill's publish of a past time were observed as schedule lag: the lag SLO's p99 (and
+    its alert) read every retry's backoff as lateness. They count as published only."""
+    metrics.reset()
+    acme = tenant("a")
+    seed(acme, NOW, 10)
+    retried = seed(acme, NOW, 5)
+    Occurrence.objects.filter(schedule=retried).update(
+        state=OccurrenceState.RETRY_WAIT.value, attempt_count=1, retry_at=NOW,
+        enqueued_at=NOW - timedelta(minutes=15),
+    )  # fmt: skip
+    backfilled = seed(acme, NOW, 5)
+    Occurrence.objects.filter(schedule=backfilled).update(manual=True, schedule_version=0)
+    clock = FrozenClock(NOW - timedelta(seconds=5))
+    drive(relay(clock, RecordingPublisher(), "n1"), clock, until=NOW + timedelta(5))
+    assert unsent() == 0
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry().get_sample_value(f"celery_scheduler_{name}", labels)
+
+    assert sample("published_total") == 20
+    assert sample("schedule_lag_seconds_count", tenant="a") == 10
+
+
+class RefusingBroker(RecordingPublisher):
+    def publish(self, messages: Sequence[OccurrenceMessage]) -> None:
+        raise CoordinationUnavailable("broker down")
+
+
+def test_messages_the_broker_refused_are_counted(relay: RelayFactory) -> None:
+    """The burst relay (the default on PostgreSQL with Redis or AMQP) never counted them:
+    publish_failures_total read 0 through a whole broker outage."""
+    metrics.reset()
+    seed(tenant("a"), NOW, 3)
+    clock = FrozenClock(NOW - timedelta(seconds=5))
+    with pytest.raises(CoordinationUnavailable):
+        drive(relay(clock, RefusingBroker(), "n1"), clock, until=NOW + timedelta(5))
+    refused = metrics.registry().get_sample_value("celery_scheduler_publish_failures_total")
+    assert refused == 3
+    assert unsent() == 3
 
 
 def test_published_rows_are_counted_and_their_lag_observed(relay: RelayFactory) -> None:
