@@ -27,10 +27,11 @@ from django.db import close_old_connections, connection
 from django.db.models import Count, Min, QuerySet
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK, Clock
-from celery_scheduler.core.enums import OccurrenceState, ScheduleState
+from celery_scheduler.core.enums import ScheduleState
 from django_app import conf
 from django_app.db import queries
 from django_app.models import BeatNode, Occurrence, OutboxEntry, Schedule, ShardLease
+from django_app.relay import redelivery
 
 #: Status's bound for an ENQUEUED occurrence's wait for a claim while redelivery is off
 #: (``redelivery_timeout_seconds = 0``): the setting's default (seconds).
@@ -41,6 +42,10 @@ DEFAULT_LIVENESS_MAX_AGE = 60.0
 DEFAULT_PROBE_TIMEOUT = 5.0
 #: Occurrences at most that the lag p99 is computed from (the newest ones in the window).
 LAG_SAMPLE_LIMIT = 10_000
+
+
+#: ``unclaimed_past_redelivery`` counts at most this many (a status, not a scan of a flood).
+UNCLAIMED_COUNTED_UP_TO = 10_000
 
 
 def redelivery_timeout(settings: conf.SchedulerSettings) -> float:
@@ -108,10 +113,11 @@ def status(*, clock: Clock = SYSTEM_CLOCK, lag_minutes: float = 5.0) -> Status:
     backlog = due_unsent.aggregate(n=Count("pk"), oldest=Min("available_at"))
     oldest: datetime | None = backlog["oldest"]
     timeout = redelivery_timeout(settings)
-    unclaimed = Occurrence.objects.filter(
-        state=OccurrenceState.ENQUEUED,
-        enqueued_at__lt=now - timedelta(seconds=timeout),
-    ).count()
+    # What the redelivery would publish again: by each message's last publish, not the
+    # first (enqueued_at), so a retry or a waiter published again is not counted as lost.
+    unclaimed = len(
+        redelivery.find_lost(now, timedelta(seconds=timeout), limit=UNCLAIMED_COUNTED_UP_TO)
+    )
     lags = _recent_lags(now, lag_minutes)
     return Status(
         now=now.isoformat(),

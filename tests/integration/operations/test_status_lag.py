@@ -17,7 +17,7 @@ from django.db import connection
 
 from celery_scheduler.core.clock import FrozenClock
 from django_app.db import partitions
-from django_app.models import Occurrence
+from django_app.models import Occurrence, OutboxEntry
 from django_app.operations import health
 from tests.integration.worker_support import make_occurrence, make_schedule
 
@@ -61,3 +61,22 @@ def test_the_lag_reads_only_the_slots_of_its_window(frozen_clock: FrozenClock) -
         cur.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
         plan = json.dumps(cur.fetchone()[0])
     assert not [name for name in past if name in plan], plan
+
+
+def test_unclaimed_past_redelivery_counts_what_the_redelivery_would_send_again(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """It compared the first publish (enqueued_at): a run retried and published again a
+    minute ago, or a waiter deferred for longer than the timeout, read as a lost message."""
+    now = frozen_clock.now()
+    schedule = make_schedule(tenant)
+    lost = make_occurrence(schedule, now - timedelta(minutes=20))  # published, never claimed
+    retried = make_occurrence(schedule, now - timedelta(minutes=30))
+    OutboxEntry.objects.filter(occurrence=retried).update(sent_at=now - timedelta(minutes=1))
+    waiting = make_occurrence(schedule, now - timedelta(minutes=40))
+    OutboxEntry.objects.filter(occurrence=waiting).update(
+        sent_at=None, available_at=now + timedelta(minutes=4)
+    )
+    report = health.status(clock=frozen_clock)
+    assert report.unclaimed_past_redelivery == 1
+    assert lost.state == "ENQUEUED"
