@@ -112,10 +112,14 @@ def start_version_at(
     # (the lifecycle's _open_version), so nothing else keeps them out of it.
     passed_over = taken | skipped | in_span
     cursor: datetime | None = start
+    max_missed = conf.get().max_missed_per_pass
     # plan_pass bounds each plan; a long span takes a few (each is small).
     while cursor is not None and cursor <= until:
-        plan = _plan(schedule, cursor, now=now, until=until)
+        plan = _plan(schedule, cursor, now=now, until=until, max_missed=max_missed)
         _write(schedule, _without(plan, passed_over), now=now)
+        # The late times the policy jumped over (more than max_missed_per_pass), recorded
+        # for the reconciler as the materializer records them, or each would read ABSENT.
+        single.record_skipped_spans([(schedule, plan)], now=now, max_missed=max_missed)
         if plan.next_cursor is not None and plan.next_cursor <= cursor:
             break  # no progress (cannot happen with a valid trigger); let the materializer go on
         cursor = plan.next_cursor
@@ -150,7 +154,9 @@ def pruned_runs(schedule: Schedule, start: datetime) -> set[datetime]:
     return {timeset.from_int(at) for at in kept if at >= lo}
 
 
-def _plan(schedule: Schedule, cursor: datetime, *, now: datetime, until: datetime) -> PassPlan:
+def _plan(
+    schedule: Schedule, cursor: datetime, *, now: datetime, until: datetime, max_missed: int
+) -> PassPlan:
     return plan_pass(
         single.trigger_for(schedule),
         cursor,
@@ -159,7 +165,7 @@ def _plan(schedule: Schedule, cursor: datetime, *, now: datetime, until: datetim
         policy=MisfirePolicy(schedule.misfire_policy),
         max_lateness=timedelta(seconds=schedule.max_lateness_seconds),
         catchup_cap=schedule.catchup_cap,
-        max_missed=conf.get().max_missed_per_pass,
+        max_missed=max_missed,
         start_at=schedule.start_at,
         end_at=schedule.end_at,
     )

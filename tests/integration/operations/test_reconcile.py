@@ -187,6 +187,24 @@ def test_history_jumped_by_max_missed_per_pass_is_skipped_by_policy_not_absent(
     assert statuses[-1] == "pending"  # 12:10, on time
 
 
+def test_a_span_an_update_jumped_over_is_skipped_by_policy_not_absent(
+    clock: FrozenClock, settings: Any
+) -> None:
+    """After a long outage an update re-plans the span itself; more late times than
+    max_missed_per_pass are jumped over, and the materializer records that span for the
+    reconciler, but the update's re-plan did not: every jumped time was ABSENT (exit 1)."""
+    settings.CELERY_SCHEDULER = {"max_missed_per_pass": 2}
+    schedule = create(clock, max_lateness=60)
+    materialize_due(clock=clock, horizon=timedelta(0))  # 12:00 planned, then the beat is down
+    clock.advance(10 * MINUTE)
+    api.update_schedule(schedule.id, misfire_policy="FIRE_ONCE", clock=clock)
+    materialize_due(clock=clock, horizon=timedelta(0))
+    result = reconcile(start=NOW, end=NOW + 10 * MINUTE, now=clock.now())
+    statuses = [item.status for item in result.expected]
+    assert "ABSENT" not in statuses, statuses
+    assert "skipped_by_policy" in statuses
+
+
 def test_dst_gap_is_not_absent() -> None:
     # Europe/Berlin springs forward at 2026-03-29 01:00 UTC (02:00 local does not exist).
     night = datetime(2026, 3, 28, 23, 0, tzinfo=UTC)
