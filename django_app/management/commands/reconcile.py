@@ -8,7 +8,7 @@ whatever the window.
 
 Exit status: 0 when nothing is ABSENT (missed, skipped, skipped_by_policy, upcoming and
 unexpected do not fail the run), 1 when any expected occurrence is ABSENT, 2 for bad
-arguments.
+arguments, 3 when the database failed before the run could decide.
 
 Bounded: both ends must lie in [1970, 2200) and the window may span at most ``--max-days``
 (default 31); a longer one is refused with the commands that split it. Progress, with an
@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from celery_scheduler.core.clock import SYSTEM_CLOCK
 from django_app.operations.reconcile import (
@@ -41,6 +42,8 @@ from django_app.operations.reconcile import (
 
 #: Exit status for bad arguments (1 is reserved for "something is ABSENT").
 USAGE_ERROR = 2
+#: Exit status when the database failed during the run: nothing was decided.
+UNFINISHED = 3
 #: Instants a window may touch: far enough for any real history and plan, and far from
 #: datetime's year 1 / 9999 edges, where time arithmetic overflows.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -126,6 +129,16 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._reconcile(options)
+        except DatabaseError as exc:
+            # Not exit 1, which says "something is ABSENT" to the job that runs this.
+            raise CommandError(
+                f"the database failed during the reconcile; nothing was decided: {exc}",
+                returncode=UNFINISHED,
+            ) from exc
+
+    def _reconcile(self, options: dict[str, Any]) -> None:
         start = _instant(options["start"], "--from")
         end = _instant(options["end"], "--to")
         if end <= start:

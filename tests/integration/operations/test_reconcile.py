@@ -350,3 +350,22 @@ def test_progress_and_an_estimate_go_to_stderr(clock: FrozenClock) -> None:
     lines = err.getvalue().splitlines()
     assert lines[0].startswith("reconcile: 3 schedule(s) over 0.0 day(s)"), lines
     assert any("3/3 schedules (100%)" in x and "15 judged" in x and "left" in x for x in lines)
+
+
+def test_a_database_failure_is_not_read_as_absent(
+    clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It escaped as a traceback with Python's exit status 1, which the command documents as
+    "something is ABSENT": a cron job reported lost occurrences while the database was down."""
+    from django.db import OperationalError
+
+    from django_app.management.commands import reconcile as command
+
+    def down(*args: Any, **kwargs: Any) -> int:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(command, "count_schedules", down)
+    with pytest.raises(CommandError, match="nothing was decided") as caught:
+        call_command("reconcile", "--from", NOW.isoformat(), "--to",
+                     (NOW + MINUTE).isoformat(), stdout=StringIO())  # fmt: skip
+    assert caught.value.returncode == 3
