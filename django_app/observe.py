@@ -90,7 +90,11 @@ worker_events: collections.Counter[str] = collections.Counter()
 
 _WORKER_METRICS: dict[str, metrics.CounterName] = {
     "duplicate_claims": "duplicate_claims_total",
+    # Refused by fencing token, by lease (a renewal after the lease lapsed) or by version
+    # (a claim of an occurrence its schedule's update superseded).
     "stale_writes": "claims_rejected_stale_total",
+    "lease_lost": "claims_rejected_stale_total",
+    "stale_occurrences": "claims_rejected_stale_total",
     "retries": "retries_total",
     "dead": "dead_total",
     "overlap_skips": "overlap_skips_total",

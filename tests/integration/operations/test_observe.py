@@ -151,3 +151,27 @@ def test_outbox_backlog_gauge_counts_due_unsent_rows() -> None:
     relay_due(clock=clock, publisher=RecordingPublisher())
     observe.export_outbox_backlog(clock.now())
     assert _sample("outbox_backlog") == 0
+
+
+def test_claims_refused_by_lease_or_version_count_as_rejected_stale(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """The metric counts writes refused "by fencing token, lease or version": a renewal
+    after the lease lapsed and a claim of a superseded occurrence were not counted."""
+    from django_app.models import Schedule
+    from django_app.worker import claim, finish
+    from tests.integration.worker_support import make_occurrence, make_schedule
+
+    metrics.reset()
+    schedule = make_schedule(tenant)
+    lapsed = make_occurrence(schedule, frozen_clock.now())
+    token = claim.claim(lapsed.id, worker="w", clock=frozen_clock, lease=timedelta(seconds=30))
+    assert token.fencing_token is not None
+    frozen_clock.advance(60)
+    assert not finish.renew(lapsed.id, token.fencing_token, clock=frozen_clock, holds_slot=False)
+    superseded = make_occurrence(schedule, frozen_clock.now())
+    Schedule.objects.filter(pk=schedule.pk).update(version=2)
+    assert claim.claim(superseded.id, worker="w", clock=frozen_clock).outcome is (
+        claim.ClaimOutcome.STALE
+    )
+    assert _sample("claims_rejected_stale_total") == 2
