@@ -78,6 +78,16 @@ class SchedulerAPIView(APIView):
     def get_exception_handler(self) -> Callable[..., Response | None]:
         return http_errors.handle
 
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().initial(request, *args, **kwargs)
+        except (exceptions.NotAuthenticated, exceptions.AuthenticationFailed):
+            # DRF asks the throttles only once the caller is authenticated and permitted:
+            # a missing or wrong credential (a guess at a token's secret) would never be
+            # throttled. It takes its address's bucket first (429 over the rate).
+            self.check_throttles(request)
+            raise
+
     def parse(self, serializer: type[s.Strict], data: Any) -> dict[str, Any]:
         if not hasattr(data, "keys"):
             raise exceptions.ValidationError({"non_field_errors": "expected a JSON object"})

@@ -44,3 +44,19 @@ def test_over_the_rate_a_token_gets_429_with_retry_after_and_others_do_not(
         assert body["error"] == "throttled"
         assert 1 <= int(headers["Retry-After"]) <= 60
         assert _get(client, globex)[0] == 200  # its own bucket
+
+
+def test_calls_without_a_valid_credential_are_throttled_by_address(
+    two_tokens: tuple[str, str],
+) -> None:
+    """DRF asks the throttles after authentication and permissions: a wrong secret (a guess
+    at a token) or no credential at all got 401 forever, never 429."""
+    acme, _ = two_tokens
+    prefix = acme.split(".")[0] if "." in acme else acme[:8]
+    guesses = Client()
+    with override_settings(CELERY_SCHEDULER={"http_rate": "3/min"}):
+        wrong = [_get(guesses, f"{prefix}.not-the-secret")[0] for _ in range(4)]
+        assert wrong == [401, 401, 401, 429]
+        anonymous = guesses.get(URL)
+        assert anonymous.status_code == 429  # the same address's bucket
+        assert _get(Client(), acme)[0] == 200  # a valid token has its own
