@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -60,6 +60,8 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             return Response(body(code, str(exc)), status=status.HTTP_409_CONFLICT)
     if isinstance(exc, errors.ScheduleNotFound | errors.OccurrenceNotFound | Http404):
         return Response(body("not_found", str(exc) or "Not found."), status=404)
+    if isinstance(exc, TooManyFieldsSent):  # Django's DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return Response(body("parse_error", str(exc), "query"), status=400)
     if isinstance(exc, RequestDataTooBig):  # Django's own limit, met through request.body
         detail = f"the request body is larger than the limit ({exc})"
         return Response(body("request_too_large", detail, "body"), status=413)
