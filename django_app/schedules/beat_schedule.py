@@ -152,9 +152,22 @@ def schedule_fields(name: str, schedule: Any, *, timezone: str) -> dict[str, Any
     )
 
 
+#: Entry options a schedule carries; the others are named in a warning at each sync.
+CARRIED_OPTIONS = frozenset({"queue", "priority"})
+
+
 def entry_values(name: str, entry: Mapping[str, Any], *, timezone: str) -> dict[str, Any]:
     """``create_schedule`` keyword arguments for one ``beat_schedule`` entry."""
     options = dict(entry.get("options") or {})
+    dropped = sorted(set(options) - CARRIED_OPTIONS)
+    if dropped:
+        logger.warning(
+            "beat_schedule entry %r: options %s are not carried over (a schedule takes queue "
+            "and priority; bound a late run with the schedule's deadline_seconds instead of "
+            "expires, route with the task's own options or task_routes)",
+            name,
+            ", ".join(dropped),
+        )
     queue = options.get("queue") or ""
     return {
         "name": name,

@@ -193,3 +193,19 @@ def test_beats_syncing_at_once_create_and_update_each_schedule_once() -> None:
         entry["schedule"] += 1
     assert sync_all(config) == []
     assert set(Schedule.objects.values_list("version", flat=True)) == {2}
+
+
+@pytest.mark.django_db
+def test_entry_options_a_schedule_does_not_carry_are_named_not_dropped_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entries = {
+        "fresh": {"task": "billing.ping", "schedule": 60,
+                  "options": {"queue": "q", "expires": 10, "routing_key": "x"}},
+    }  # fmt: skip
+    with caplog.at_level("WARNING", logger="django_app.schedules.beat_schedule"):
+        assert beat_schedule.sync_beat_schedule(entries).created == ["fresh"]
+    warned = [r.getMessage() for r in caplog.records if "not carried over" in r.getMessage()]
+    assert len(warned) == 1
+    assert "expires, routing_key" in warned[0]
+    assert Schedule.objects.get(name="fresh").queue == "q"
