@@ -197,8 +197,8 @@ def test_a_command_waits_for_the_maintenance_lock_past_the_lock_timeout() -> Non
         while True:  # until the child waits for the advisory lock
             cur.execute("SELECT pg_stat_clear_snapshot()")  # a fresh view in this transaction
             cur.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
             )
             if cur.fetchone()[0]:
                 break
@@ -812,8 +812,8 @@ def test_the_key_backfill_waits_for_rows_others_hold_locked(tenant: Any) -> None
         with connection.cursor() as cur:
             while worker.is_alive() and time.monotonic() < deadline:
                 cur.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE 'UPDATE%%'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
                 )
                 if cur.fetchone()[0]:
                     break
