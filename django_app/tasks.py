@@ -179,6 +179,7 @@ def execute(
         # Celery's "this task ends here, record nothing" (and self.replace(), which sent
         # its replacement): the run is over, not failed. Recorded as done, then Celery's
         # own Ignore goes on up (its state is not stored).
+        heartbeat.stop()  # before the completion, as on success: no renewal after it
         ignored = _settle_success(occurrence_id, token, None, claimed, clock)
         return {**ignored, "ignored": True}
     except Exception as exc:
