@@ -393,7 +393,7 @@ class BulkView(SchedulerAPIView):
         given = self.parse(s.BulkRequest, request.data)
         note = given.pop("note", None)
         reason = given.pop("reason", None)
-        scoped = _filters(request, given)  # another tenant named: 403 before anything else
+        filters = _filters(request, given)  # another tenant named: 403 before anything else
         # The tenant is a scope, not a filter: {"tenant": "acme"} is every schedule of acme.
         chosen = {k: v for k, v in given.items() if k != "tenant"}
         if not any(v not in (None, "", []) for v in chosen.values()):
@@ -404,7 +404,6 @@ class BulkView(SchedulerAPIView):
                 "a bulk change of every schedule is refused",
                 field="filter",
             )
-        filters = scoped
         if note is not None:
             if action != "pause":
                 raise errors.ValidationError("note is only for a bulk pause", field="note")

@@ -71,11 +71,8 @@ def _interval_seconds(every: timedelta | float, name: str) -> int:
 
 
 _CRONTAB_PARTS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
-_EVERY_DAY_OF_MONTH, _EVERY_WEEKDAY = frozenset(range(1, 32)), frozenset(range(7))
-_EVERY = (
-    frozenset(range(60)), frozenset(range(24)), _EVERY_DAY_OF_MONTH, frozenset(range(1, 13)),
-    _EVERY_WEEKDAY,
-)  # fmt: skip
+#: Every value of each field, as the cron parser reads "*" (Celery's full sets are the same).
+_EVERY = timemath.cron_fields("* * * * *")
 
 
 def crontab_expression(label: str, schedule: crontab) -> str:
@@ -92,7 +89,7 @@ def crontab_expression(label: str, schedule: crontab) -> str:
         _field_token(index, _cron_field(getattr(schedule, f"_orig_{part}")), parsed[index])
         for index, part in enumerate(_CRONTAB_PARTS)
     ]
-    days_both = parsed[2] != _EVERY_DAY_OF_MONTH and parsed[4] != _EVERY_WEEKDAY
+    days_both = parsed[2] != _EVERY[2] and parsed[4] != _EVERY[4]
     if days_both and not (tokens[2].startswith("*") or tokens[4].startswith("*")):
         raise errors.UnsupportedSchedule(
             f"{label}: its crontab restricts both day_of_month and day_of_week; "

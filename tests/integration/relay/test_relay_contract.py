@@ -315,6 +315,11 @@ def test_a_tenant_trigger_rate_holds_and_the_rest_goes_out_later(relay: RelayFac
     assert rated_times[-1] >= NOW + timedelta(seconds=3)
 
 
+def sample(name: str, **labels: str) -> float | None:
+    """A metric's value in this process's registry (None: never set)."""
+    return metrics.registry().get_sample_value(f"celery_scheduler_{name}", labels)
+
+
 def test_only_a_schedules_own_first_publish_is_observed_as_lag(relay: RelayFactory) -> None:
     """A retry's publish after its backoff (and a deferred waiter's, a redelivery's) and a
     backfill's publish of a past time were observed as schedule lag: the lag SLO's p99 (and
@@ -333,9 +338,6 @@ def test_only_a_schedules_own_first_publish_is_observed_as_lag(relay: RelayFacto
     drive(relay(clock, RecordingPublisher(), "n1"), clock, until=NOW + timedelta(5))
     assert unsent() == 0
 
-    def sample(name: str, **labels: str) -> float | None:
-        return metrics.registry().get_sample_value(f"celery_scheduler_{name}", labels)
-
     assert sample("published_total") == 20
     assert sample("schedule_lag_seconds_count", tenant="a") == 10
 
@@ -353,8 +355,7 @@ def test_messages_the_broker_refused_are_counted(relay: RelayFactory) -> None:
     clock = FrozenClock(NOW - timedelta(seconds=5))
     with pytest.raises(CoordinationUnavailable):
         drive(relay(clock, RefusingBroker(), "n1"), clock, until=NOW + timedelta(5))
-    refused = metrics.registry().get_sample_value("celery_scheduler_publish_failures_total")
-    assert refused == 3
+    assert sample("publish_failures_total") == 3
     assert unsent() == 3
 
 
@@ -367,9 +368,6 @@ def test_published_rows_are_counted_and_their_lag_observed(relay: RelayFactory) 
     clock = FrozenClock(NOW - timedelta(seconds=5))
     drive(relay(clock, RecordingPublisher(), "n1"), clock, until=NOW + timedelta(5))
     assert unsent() == 0
-
-    def sample(name: str, **labels: str) -> float | None:
-        return metrics.registry().get_sample_value(f"celery_scheduler_{name}", labels)
 
     assert sample("published_total") == 40
     assert sample("schedule_lag_seconds_count", tenant="a") == 30
