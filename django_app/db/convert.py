@@ -23,6 +23,12 @@ The classic way (docs/howto/retention-and-scale.md), for the occurrence, attempt
    millions of rows). Then, in a transaction of their own, the set-aside rows go back
    through the parent (to their slots, or the default partition).
 
+A run interrupted anywhere (Ctrl-C, a killed session) can be run again: before step 1 a run
+takes back what an earlier one left before its swap (its checks dropped, its set-aside rows
+returned, a unique index whose concurrent build did not finish dropped; finished ones are
+kept and not built again), and after the swap it returns rows still set aside. Two runs at
+once are refused (an advisory lock held for the whole run).
+
 The history partition is never dropped by ``partitions drop`` (its range starts at
 MINVALUE): the batched ``prune_occurrences`` keeps serving it until it is empty; then an
 operator may drop it (``DROP TABLE <table>__history`` after ``DETACH``).
@@ -30,8 +36,10 @@ operator may drop it (``DROP TABLE <table>__history`` after ``DETACH``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,6 +52,16 @@ from django_app.db.partitions import KEY, Shape, apply_shape, slot_of, table_sha
 
 _CHECK = "{}_history_range"
 _HOLD = "{}__future"
+#: Held (session level) for a whole conversion: a second run would take back the first's
+#: checks and set-aside rows as an interrupted run's.
+CONVERT_LOCK_KEY = 0x63736376
+
+#: The unique index step 2 builds for the unique key ``name``.
+_PREBUILT = "{}_k"
+
+
+class ConversionRunning(DatabaseError):
+    """Another ``partitions convert`` holds the conversion lock."""
 
 
 @dataclass
@@ -93,11 +111,44 @@ def convert(
     log: Callable[[str], Any] = lambda _: None,
 ) -> ConvertReport:
     """Partition the three plain tables (see the module doc); a no-op when already done."""
+    with _only_run():
+        return _convert(
+            now, width=width, ahead=ahead, lock_timeout_ms=lock_timeout_ms, batch=batch,
+            margin=margin, swap_tries=swap_tries, log=log,
+        )  # fmt: skip
+
+
+@contextmanager
+def _only_run() -> Iterator[None]:
+    with connection.cursor() as cur:
+        cur.execute(sql.TRY_SESSION_ADVISORY_LOCK, {"key": CONVERT_LOCK_KEY})
+        if not cur.fetchone()[0]:
+            raise ConversionRunning("another `partitions convert` is running on this database")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(sql.SESSION_ADVISORY_UNLOCK, {"key": CONVERT_LOCK_KEY})
+
+
+def _convert(
+    now: datetime,
+    *,
+    width: timedelta,
+    ahead: int,
+    lock_timeout_ms: int,
+    batch: int,
+    margin: timedelta,
+    swap_tries: int,
+    log: Callable[[str], Any],
+) -> ConvertReport:
     report = ConvertReport()
+    tables = partitions.tables()
     if partitions.is_partitioned():
+        _return_set_aside(tables)  # an earlier run stopped between its swap and this step
         log("already partitioned")
         return report
-    tables = partitions.tables()
+    _take_back(tables)
     occ = tables[0]
     boundary, _ = slot_of(now + margin, width)
     report.boundary = boundary
@@ -109,11 +160,11 @@ def convert(
     log(f"backfilled {report.backfilled}")
 
     clock = time.monotonic()
-    shapes = {t: table_shape(t) for t in tables}
+    shapes = {t: _shape(t) for t in tables}
     for table in tables:
         for name, _kind, cols in shapes[table].uniques:
             cols = cols if KEY in cols else [*cols, KEY]
-            _exec(sql.unique_index_concurrently(name + "_k", table, cols))
+            _exec(sql.unique_index_concurrently(_PREBUILT.format(name), table, cols))
     report.seconds["indexes"] = round(time.monotonic() - clock, 3)
     log(f"unique indexes with {KEY} built in {report.seconds['indexes']}s")
 
@@ -166,10 +217,7 @@ def convert(
     # The set-aside rows go back after the commit, not under the locks: they were out of
     # sight since step 3 already, and their number is the operator's.
     clock = time.monotonic()
-    with transaction.atomic():
-        for table in tables:
-            hold = _HOLD.format(table)
-            _exec(sql.route_back(table, hold, partitions.columns(table)))
+    _return_set_aside(tables)
     report.seconds["routed_back"] = round(time.monotonic() - clock, 3)
     report.converted = tables
     log(f"locks held {report.seconds['lock_held']}s (try {report.swap_attempts})")
@@ -218,6 +266,34 @@ def _swap(table: str, shape: Shape, boundary: datetime) -> None:
     _exec(sql.create_default_partition(table, storage=partitions.storage(table)))
     partitions.name_indexes(table + "_default")
     partitions.name_indexes(history)
+
+
+def _shape(table: str) -> Shape:
+    """The table's shape without the unique indexes step 2 builds (an interrupted run's)."""
+    shape = table_shape(table)
+    prebuilt = {_PREBUILT.format(name) for name, _kind, _cols in shape.uniques}
+    return dataclasses.replace(shape, indexes=[i for i in shape.indexes if i[0] not in prebuilt])
+
+
+def _take_back(tables: list[str]) -> None:
+    """What a run interrupted before its swap left: checks and set-aside rows go (as when a
+    run gives up), and step 2's indexes whose concurrent build did not finish are dropped
+    (an INVALID index would be taken as built: ``IF NOT EXISTS``)."""
+    _undo(tables)
+    for table in tables:
+        for name, _kind, _cols in table_shape(table).uniques:
+            index = _PREBUILT.format(name)
+            if _exec(sql.INDEX_INVALID, {"name": index}) is not None:
+                _exec(sql.drop_index(index, concurrently=True))
+
+
+def _return_set_aside(tables: list[str]) -> None:
+    """The rows step 3 set aside go back through the partitioned parents."""
+    with transaction.atomic():
+        for table in tables:
+            hold = _HOLD.format(table)
+            if _exec(sql.EXISTS_RELATION, {"name": hold})[0]:
+                _exec(sql.route_back(table, hold, partitions.columns(table)))
 
 
 def _undo(tables: list[str]) -> None:

@@ -106,6 +106,9 @@ PARTITIONS_OF = (
 ADVISORY_LOCK = "SELECT pg_advisory_xact_lock(%(key)s)"
 #: Take the transaction-scoped advisory lock ``key`` if free; returns whether it did.
 TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_xact_lock(%(key)s)"
+#: Held until released or the session ends, across transactions.
+TRY_SESSION_ADVISORY_LOCK = "SELECT pg_try_advisory_lock(%(key)s)"
+SESSION_ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%(key)s)"
 #: PostgreSQL: the partitions of ``parents`` whose changes since their last ANALYZE reach
 #: ``min`` rows and half their size (a slot filling up: analyzed each time it doubles).
 GROWN_PARTITIONS = (
@@ -156,6 +159,8 @@ IDENTITY_COLUMN = (
 )
 #: Whether a relation named ``name`` exists.
 EXISTS_RELATION = "SELECT to_regclass(%(name)s) IS NOT NULL"
+#: A row when the index ``name`` exists and is INVALID (a concurrent build that did not end).
+INDEX_INVALID = "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%(name)s) AND NOT indisvalid"
 
 
 def lock_exclusive(*tables: str) -> str:

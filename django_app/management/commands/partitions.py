@@ -9,6 +9,7 @@
   same transaction) or ``--force`` (they are dropped with it).
 - ``convert [--lock-timeout MS] [--batch N]``: partition a populated install's plain tables
   (django_app.db.convert; docs/howto/retention-and-scale.md says what it locks and for how long).
+  Interrupted, it can be run again; a second run while one is going is refused.
 
 See django_app.db.partitions. On SQLite and MariaDB there is nothing to partition: the
 command says so; ``prune_occurrences`` is the retention there.
@@ -71,15 +72,18 @@ class Command(BaseCommand):
         if action == "drop" and options["days"] < 1:
             raise CommandError("--older-than must be at least 1 day")
         if action == "convert":
-            out: dict[str, Any] = convert.convert(
-                now,
-                width=width,
-                ahead=cfg.partitions_ahead,
-                lock_timeout_ms=options["lock_timeout"],
-                batch=options["batch"],
-                margin=timedelta(days=options["margin_days"]),
-                log=self.stderr.write if options["json"] else self.stdout.write,
-            ).as_json()
+            try:
+                out: dict[str, Any] = convert.convert(
+                    now,
+                    width=width,
+                    ahead=cfg.partitions_ahead,
+                    lock_timeout_ms=options["lock_timeout"],
+                    batch=options["batch"],
+                    margin=timedelta(days=options["margin_days"]),
+                    log=self.stderr.write if options["json"] else self.stdout.write,
+                ).as_json()
+            except convert.ConversionRunning as exc:
+                raise CommandError(str(exc)) from exc
         elif not partitions.is_partitioned():
             raise CommandError(
                 "the history tables are not partitioned: run `manage.py partitions convert`"

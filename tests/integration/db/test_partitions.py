@@ -850,14 +850,39 @@ def test_a_dead_run_from_before_the_key_is_replayed_on_an_unconverted_install(
         assert (entry.sent_at, entry.scheduled_for) == (None, dead.scheduled_for)
 
 
+@contextmanager
+def converted_afterwards(now: datetime) -> Iterator[None]:
+    """The three tables made plain for the body; afterwards, whatever a conversion left,
+    the test database as the migration made it (empty partitioned tables)."""
+    occ, att, out = partitions.tables()
+    assert partitions.unpartition_empty_tables() == [occ, att, out]
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            for table in (occ, att, out):
+                cur.execute(f"DROP TABLE IF EXISTS {table}__future")
+                cur.execute(f"TRUNCATE {table}")
+                cur.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_history_range")
+                cur.execute(
+                    "SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                    "WHERE x.indrelid = %s::regclass AND i.relname LIKE %s",
+                    [table, "%\\_k"],
+                )
+                for (name,) in cur.fetchall():  # a conversion's prebuilt keys, left behind
+                    cur.execute(f"DROP INDEX {name}")
+        if partitions.is_partitioned():
+            partitions.unpartition_empty_tables()
+        partitions.partition_empty_tables(now, width=DAY, ahead=3)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_populated_install_is_converted_and_keeps_every_row(tenant: Any) -> None:
     from django.core.management import call_command
 
     occ, att, out = partitions.tables()
     now = datetime.now(UTC)
-    assert partitions.unpartition_empty_tables() == [occ, att, out]
-    try:
+    with converted_afterwards(now):
         schedule = make_schedule(tenant)
         seed_plain(schedule, now, 5000)
         with connection.cursor() as cur:
@@ -900,13 +925,122 @@ def test_a_populated_install_is_converted_and_keeps_every_row(tenant: Any) -> No
         # The old rows are still found by id, through the parent.
         assert Occurrence.objects.filter(id=before[0][0]).count() == 1
         assert OutboxEntry.objects.filter(occurrence_id=before[0][0]).count() == 1
-    finally:
-        # Leave the test database as the migration made it: empty partitioned tables.
+
+
+def rows_of(*tables: str) -> dict[str, list[tuple[Any, ...]]]:
+    with connection.cursor() as cur:
+        found = {}
+        for table in tables:
+            cur.execute(f"SELECT * FROM {table} ORDER BY 1")
+            found[table] = cur.fetchall()
+        return found
+
+
+class Interrupted(BaseException):
+    """What Ctrl-C or a killed session leaves: no except clause of the code handles it."""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversion_interrupted_before_its_swap_runs_again_to_the_end(
+    tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in the checks' VALIDATE leaves the NOT VALID checks, the far-future rows set
+    aside and the prebuilt unique indexes (one of them INVALID, as a killed concurrent build
+    leaves it): the next `partitions convert` picks those up and finishes, every row kept,
+    and the partitioned tables carry none of the leftovers."""
+    from django.core.management import call_command
+
+    from django_app.db import convert, queries
+
+    occ, att, out = partitions.tables()
+    now = datetime.now(UTC)
+    with converted_afterwards(now):
+        seed_plain(make_schedule(tenant), now, 2000)
+        before = rows_of(occ)
+
+        def interrupt(table: str, name: str) -> str:
+            raise Interrupted
+
+        monkeypatch.setattr(queries, "validate_constraint", interrupt)
+        with pytest.raises(Interrupted):
+            convert.convert(now, width=DAY, ahead=3, batch=500)
+        monkeypatch.undo()
         with connection.cursor() as cur:
-            for table in (occ, att, out):
-                cur.execute(f"DROP TABLE IF EXISTS {table}__future")
-                cur.execute(f"TRUNCATE {table}")
-                cur.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_history_range")
-        if partitions.is_partitioned():
-            partitions.unpartition_empty_tables()
-        partitions.partition_empty_tables(now, width=DAY, ahead=3)
+            cur.execute(f"SELECT count(*) FROM {occ}__future")
+            assert cur.fetchone() == (20,)  # set aside, out of sight of the plain table
+            cur.execute(
+                "UPDATE pg_index SET indisvalid = false WHERE indexrelid = "
+                f"'{occ}_pkey_k'::regclass"
+            )
+        stdout = StringIO()
+        call_command("partitions", "convert", "--batch", "500", "--json", stdout=stdout)
+        assert json.loads(stdout.getvalue())["converted"] == [occ, att, out]
+        assert rows_of(occ) == before
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT conrelid::regclass::text, conname FROM pg_constraint WHERE conname LIKE %s",
+                ["%history_range"],
+            )
+            assert cur.fetchall() == []
+            cur.execute("SELECT relname FROM pg_class WHERE relname LIKE %s", ["django_app%\\_k"])
+            assert cur.fetchall() == []
+            cur.execute(f"SELECT to_regclass('{occ}__future')")
+            assert cur.fetchone() == (None,)
+        # A far-future time is written through the new parent like any other.
+        later = add(make_schedule(tenant), now + 400 * DAY, S.SCHEDULED)
+        assert where(occ, id=later.id) == [f"{occ}_default"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_conversion_while_one_runs_is_refused() -> None:
+    """A second run would take the first's checks and set-aside rows for an interrupted
+    run's leftovers and undo them under its feet."""
+    from django.core.management import CommandError, call_command
+
+    from django_app.db import convert
+
+    with (
+        converted_afterwards(datetime.now(UTC)),
+        psycopg.connect(database_url(), autocommit=True) as other,
+    ):
+        other.execute("SELECT pg_advisory_lock(%s)", [convert.CONVERT_LOCK_KEY])
+        with pytest.raises(CommandError, match="another `partitions convert` is running"):
+            call_command("partitions", "convert", stdout=StringIO())
+        assert not partitions.is_partitioned()
+        other.execute("SELECT pg_advisory_unlock(%s)", [convert.CONVERT_LOCK_KEY])
+        call_command("partitions", "convert", "--json", stdout=StringIO())
+        assert partitions.is_partitioned()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_set_aside_by_a_conversion_interrupted_after_its_swap_come_back(
+    tenant: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted between the swap's commit and the set-aside rows' return, the tables are
+    partitioned and the far-future rows wait in their holding tables: the next run puts
+    them back instead of saying "already partitioned" and leaving them out of sight."""
+    from django.core.management import call_command
+
+    from django_app.db import convert, queries
+
+    occ, att, out = partitions.tables()
+    now = datetime.now(UTC)
+    with converted_afterwards(now):
+        seed_plain(make_schedule(tenant), now, 2000)
+        before = rows_of(occ)
+
+        def interrupt(target: str, hold: str, columns: list[str]) -> str:
+            raise Interrupted
+
+        monkeypatch.setattr(queries, "route_back", interrupt)
+        with pytest.raises(Interrupted):
+            convert.convert(now, width=DAY, ahead=3, batch=500)
+        monkeypatch.undo()
+        assert partitions.is_partitioned()
+        assert len(rows_of(occ)[occ]) == 2000 - 20
+        call_command("partitions", "convert", "--json", stdout=StringIO())
+        assert rows_of(occ) == before
+        assert [len(rows) for rows in rows_of(att, out).values()] == [2000, 2000]
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT to_regclass('{occ}__future')")
+            assert cur.fetchone() == (None,)
