@@ -15,9 +15,13 @@ and:
   rolled back, its peak Python memory by ``tracemalloc``;
 
 - **one round**: ``drop_old`` with both slots expired, which drops the older and refuses the
-  newer, while a second connection updates today's occurrence in a loop, as a worker's
-  heartbeat would: the round's seconds, how long those updates were held by a lock (in
-  all, and the longest wait), and the longest of the others;
+  newer, while two other connections update today's occurrence in a loop, as a worker's
+  heartbeat and claim would: one planned on each call (a custom plan, which locks today's
+  partition only), one on a generic plan (prepared, ``plan_cache_mode =
+  force_generic_plan``: a warm worker's claim function, which locks every partition of the
+  history when it starts, on PostgreSQL before 17). For each, the round's seconds, how long
+  its updates were held by a lock (in all, and the longest wait), and the longest of the
+  others;
 - **a refused round**: ``drop_old`` again, with only the refused slot left: the median of 3
   (what each beat pays every maintenance round while a DEAD row holds a slot back).
 """
@@ -38,6 +42,8 @@ from bench.create_rate import migrated_database
 from bench.seed_scale import median_ms, seed_day
 
 DAY = timedelta(days=1)
+#: The run path's two kinds of plan (StallProbe).
+PLANS = ("custom", "generic")
 
 
 def seed(rows: int, schedules: int, today: datetime) -> tuple[Any, datetime]:
@@ -97,9 +103,9 @@ class StallProbe(threading.Thread):
     (first timeout to next success) apart from the other statements' latencies (the
     machine's own stalls: I/O, CPU)."""
 
-    def __init__(self, url: str, occurrence: Any, at: datetime) -> None:
+    def __init__(self, url: str, occurrence: Any, at: datetime, *, generic: bool) -> None:
         super().__init__(daemon=True)
-        self.url, self.key = url, (occurrence, at)
+        self.url, self.key, self.generic = url, (occurrence, at), generic
         self.latencies: list[float] = []
         self.locked: list[float] = []
         self.done = threading.Event()
@@ -107,6 +113,8 @@ class StallProbe(threading.Thread):
     def run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute("SET lock_timeout = '50ms'")
+            if self.generic:
+                conn.execute("SET plan_cache_mode = force_generic_plan")
             blocked_since = None
             while not self.done.is_set():
                 started = time.perf_counter()
@@ -115,6 +123,7 @@ class StallProbe(threading.Thread):
                         "UPDATE django_app_occurrence SET reason = 'heartbeat' "
                         "WHERE id = %s AND scheduled_for = %s",
                         self.key,
+                        prepare=self.generic,
                     )
                 except psycopg.errors.LockNotAvailable:
                     blocked_since = blocked_since or started
@@ -147,21 +156,26 @@ def main() -> None:
     print(f"record_pruned of the older slot: peak {bookkeeping_peak(today - 9 * DAY):.1f} MB "
           "of Python memory (tracemalloc; rolled back)", flush=True)  # fmt: skip
 
-    probe = StallProbe(f"postgres://postgres@127.0.0.1:5432/{args.db}", live, at)
-    probe.start()
+    url = f"postgres://postgres@127.0.0.1:5432/{args.db}"
+    probes = {plan: StallProbe(url, live, at, generic=plan == "generic") for plan in PLANS}
+    for probe in probes.values():
+        probe.start()
     time.sleep(0.5)
     started = time.perf_counter()
     report = partitions.drop_old(now, now - (today - 7 * DAY), on_prune=retention.record_pruned)
     took = time.perf_counter() - started
     time.sleep(0.5)
-    probe.done.set()
-    probe.join()
+    for probe in probes.values():
+        probe.done.set()
+        probe.join()
     print(f"one round: {took:.2f} s; dropped {report.dropped} ({report.rows}); "
           f"refused {list(report.refused)}", flush=True)  # fmt: skip
-    held = sorted(probe.locked) or [0.0]
-    print(f"run path held by a lock: {len(probe.locked)} times, {sum(held) * 1000:.0f} ms in "
-          f"all, longest {held[-1] * 1000:.0f} ms; other updates: {len(probe.latencies)}, "
-          f"longest {max(probe.latencies) * 1000:.0f} ms", flush=True)  # fmt: skip
+    for plan, probe in probes.items():
+        held = sorted(probe.locked) or [0.0]
+        print(f"run path ({plan} plan) held by a lock: {len(probe.locked)} times, "
+              f"{sum(held) * 1000:.0f} ms in all, longest {held[-1] * 1000:.0f} ms; other "
+              f"updates: {len(probe.latencies)}, longest {max(probe.latencies) * 1000:.0f} ms",
+              flush=True)  # fmt: skip
 
     def refused_round() -> None:
         again = partitions.drop_old(now, now - (today - 7 * DAY), on_prune=retention.record_pruned)

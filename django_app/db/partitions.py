@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -553,41 +553,46 @@ def _drop_slot(
         if not got:
             report.locked = False
             return
-        for frozen in (False, True):
-            if frozen:
-                # SHARE on the slot's own partitions: its writers (a worker finishing an old
-                # run, a relay marking, a backfill into the past) finish first and new ones
-                # wait, so the rows read from here on are the rows that go. Writers of
-                # other slots, and every reader, go on while the slot is counted and
-                # retention's bookkeeping reads it.
-                _lock(sql.lock_share(*parts), lock_timeout_ms)
-            kept = blocking(occ_p, out_p, span, include_dead)
-            if kept and not (move or force):
-                counts: dict[str, int] = {}
-                for why in kept.values():
-                    counts[why] = counts.get(why, 0) + 1
-                ids = sorted(str(i) for i in kept)[:10]
-                report.refused[occ_p] = {"blocking": counts, "occurrence_ids": ids}
-                return
-            if dry_run:
-                break
+        kept = blocking(occ_p, out_p, span, include_dead)
+        if _refused(report, occ_p, kept, move=move, force=force):
+            return
         with connection.cursor() as cur:
-            sizes = {}
-            for table, part in names.items():
-                if part:
-                    cur.execute(sql.count_all(part))
-                    sizes[table] = int((cur.fetchone() or (0,))[0])
             if dry_run:
                 report.dropped.append(occ_p)
-                for t, n in sizes.items():
+                for t, n in _sizes(cur, names).items():
                     report.rows[t] = report.rows.get(t, 0) + n
                 return
+            # The bookkeeping reads the whole slot (a day of rows: seconds to minutes), so it
+            # runs before the slot is locked: a worker whose claim runs on a generic plan
+            # locks every partition of the history (PostgreSQL before 17), expired slots
+            # included, and would wait behind the slot's lock for as long as it is held.
+            # Rows written in the slot meanwhile (a late completion, a backfill into the
+            # past) are caught under the lock below, and the bookkeeping is done again.
+            since = _snapshot_xmin(cur)
+            bookkeeping = transaction.savepoint()
+            on_prune(_going(span, kept if move else {}))
+            # SHARE on the slot's own partitions: its writers finish first and new ones
+            # wait, so the rows read from here on are the rows that go. Writers of other
+            # slots, and every reader, go on.
+            _lock(sql.lock_share(*parts), lock_timeout_ms)
+            again = blocking(occ_p, out_p, span, include_dead)
+            if _refused(report, occ_p, again, move=move, force=force):
+                transaction.savepoint_rollback(bookkeeping)
+                return
+            sizes, written = _sizes_since(cur, names, since)
+            if written or again.keys() != kept.keys():
+                # Rolling back to the savepoint gives up the lock taken after it: again.
+                transaction.savepoint_rollback(bookkeeping)
+                _lock(sql.lock_share(*parts), lock_timeout_ms)
+                again = blocking(occ_p, out_p, span, include_dead)
+                if _refused(report, occ_p, again, move=move, force=force):
+                    return
+                sizes = _sizes(cur, names)
+                on_prune(_going(span, again if move else {}))
+            else:
+                transaction.savepoint_commit(bookkeeping)
+            kept = again
             kept_ids = list(kept) if move else []
-            on_prune(
-                Occurrence.objects.filter(
-                    scheduled_for__gte=span[0], scheduled_for__lt=span[1]
-                ).exclude(id__in=kept_ids)
-            )
             # Writers and readers of every slot wait from here to the commit: catalog work,
             # and the copy of the few kept rows with ``move``.
             _lock_parents(lock_timeout_ms)
@@ -611,6 +616,58 @@ def _drop_slot(
     for t, n in sizes.items():
         report.rows[t] = report.rows.get(t, 0) + n
     logger.info("partition slot %s dropped (%s)", occ_p, sizes)
+
+
+def _refused(
+    report: DropReport, occ_p: str, kept: dict[Any, str], *, move: bool, force: bool
+) -> bool:
+    """Record the slot as refused when rows retention keeps hold it (and neither ``move``
+    nor ``force`` was asked)."""
+    if not kept or move or force:
+        return False
+    counts: dict[str, int] = {}
+    for why in kept.values():
+        counts[why] = counts.get(why, 0) + 1
+    ids = sorted(str(i) for i in kept)[:10]
+    report.refused[occ_p] = {"blocking": counts, "occurrence_ids": ids}
+    return True
+
+
+def _going(span: tuple[datetime, datetime], kept: Mapping[Any, str]) -> QuerySet[Occurrence]:
+    """The occurrences a drop of ``span``'s slot deletes (``kept``: those it moves out)."""
+    rows = Occurrence.objects.filter(scheduled_for__gte=span[0], scheduled_for__lt=span[1])
+    return rows.exclude(id__in=list(kept)) if kept else rows
+
+
+def _snapshot_xmin(cur: Any) -> int:
+    """The oldest transaction still running now: every row written after this moment
+    carries an ``xmin`` at least this new."""
+    cur.execute(sql.SNAPSHOT_XMIN)
+    return int(cur.fetchone()[0])
+
+
+def _sizes(cur: Any, names: dict[str, str | None]) -> dict[str, int]:
+    sizes = {}
+    for table, part in names.items():
+        if part:
+            cur.execute(sql.count_all(part))
+            sizes[table] = int((cur.fetchone() or (0,))[0])
+    return sizes
+
+
+def _sizes_since(cur: Any, names: dict[str, str | None], since: int) -> tuple[dict[str, int], bool]:
+    """Each partition's rows, and whether any was written by a transaction not older than
+    ``since`` (:func:`_snapshot_xmin`; one scan of each). Conservative: a row written just
+    before counts too, which only costs the bookkeeping done again."""
+    sizes: dict[str, int] = {}
+    written = False
+    for table, part in names.items():
+        if part:
+            cur.execute(sql.count_written_since(part), {"since": since})
+            total, recent = cur.fetchone() or (0, 0)
+            sizes[table] = int(total)
+            written = written or bool(recent)
+    return sizes, written
 
 
 # -- turning plain tables into partitioned ones ----------------------------------------------

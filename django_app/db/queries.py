@@ -224,6 +224,20 @@ def count_all(table: str) -> str:
     return f"SELECT count(*) FROM {q(table)}"
 
 
+#: The oldest transaction id still running, as the 32-bit id a row's ``xmin`` holds.
+SNAPSHOT_XMIN = "SELECT mod(pg_snapshot_xmin(pg_current_snapshot())::text::bigint, 4294967296)"
+
+
+def count_written_since(table: str) -> str:
+    """``table``'s rows, and those whose ``xmin`` is not older than ``%(since)s`` (a 32-bit
+    transaction id): ``age()`` compares across wraparound; a row frozen so long ago that its
+    age wraps reads as new, which errs on the safe side."""
+    return (
+        f"SELECT count(*), count(*) FILTER (WHERE age(xmin) <= age(%(since)s::text::xid)) "
+        f"FROM {q(table)}"
+    )
+
+
 def has_rows(table: str) -> str:
     return f"SELECT EXISTS (SELECT 1 FROM {q(table)})"
 
