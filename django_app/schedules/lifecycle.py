@@ -45,6 +45,7 @@ from django_app.models import (
 from django_app.schedules import audit, create_pg, replan, validation
 from django_app.schedules.skips import mark_skipped_times
 from django_app.schedules.validation import spec_of
+from django_app.tenancy import waiting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -724,13 +725,16 @@ def _invalidate(schedule: Schedule, now: datetime) -> dict[str, Any]:
     stale = Occurrence.objects.unclaimed().filter(
         schedule=schedule, schedule_version__lt=schedule.version, manual=False
     )
-    stale_ids = list(stale.values_list("id", flat=True))
+    stale_rows = list(stale.values_list("id", "tenant_id", "reason"))
+    stale_ids = [row[0] for row in stale_rows]
     invalidated = Occurrence.objects.filter(id__in=stale_ids).transition(
         OccurrenceState.CANCELED,
         only_from=UNCLAIMED,
         finished_at=now,
         reason=f"invalidated by version {schedule.version}",
     )
+    # A waiter of a slot or max_running line leaves it here, not through a claim.
+    waiting.wake_after_leaving(((t, reason) for _, t, reason in stale_rows), now)
     # Their outbox rows will never be published; close them so the backlog stays honest.
     OutboxEntry.objects.unsent().filter(occurrence_id__in=stale_ids).update(
         sent_at=now, claimed_by="invalidated"

@@ -32,6 +32,7 @@ from django_app.models import Occurrence, OutboxEntry, Schedule
 from django_app.querysets import transition
 from django_app.schedules import audit, validation
 from django_app.schedules.reads import SKIP_REASON, get_schedule, skip_key
+from django_app.tenancy import waiting
 
 #: Longest skip note: the marker's ``reason`` column holds ``"<SKIP_REASON>: <note>"``.
 MAX_NOTE = (Occurrence._meta.get_field("reason").max_length or 0) - len(f"{SKIP_REASON}: ")
@@ -169,6 +170,7 @@ def _cancel(occurrence: Occurrence, reason: str, now: datetime) -> uuid.UUID:
     OutboxEntry.objects.unsent().filter(occurrence_id=occurrence.pk).update(
         sent_at=now, claimed_by="skipped", claim_expires_at=None
     )
+    waiting.wake_after_leaving([(occurrence.tenant_id, occurrence.reason)], now)
     return occurrence.id
 
 

@@ -144,7 +144,7 @@ def running_quota_full(
     expired are not counted (their worker is gone), nor the one being claimed. ``behind``
     (asked under the lock, only for a tenant with a ``max_running``) says an older
     occurrence already waits for the tenant: this one waits too, room or not, so waiters
-    start oldest first (:mod:`django_app.worker.waiting`). Every reason starts with
+    start oldest first (:mod:`django_app.tenancy.waiting`). Every reason starts with
     ``"tenant <slug>: "``.
     """
     limit = (

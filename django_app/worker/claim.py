@@ -19,7 +19,7 @@ Unclaimed occurrences that must wait (QUEUE_ONE, tenant at max_running, no free 
 back to the outbox (``sent_at = NULL, available_at = now + defer``) as ENQUEUED without a
 new Attempt: waiting is not a try and does not burn the retry budget. Waiters for a slot or
 for the tenant's ``max_running`` are served oldest ``scheduled_for`` first, and only the
-head of each line polls (:mod:`django_app.worker.waiting`). Retries and
+head of each line polls (:mod:`django_app.tenancy.waiting`). Retries and
 lease-expiry recovery (in :mod:`django_app.worker.finish`) reset the outbox the same way,
 so the relay republishes the same occurrence id.
 
@@ -51,8 +51,8 @@ from django_app.db.connections import reset_after_error
 from django_app.db.retry import retry_lock_conflicts
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 from django_app.querysets import by_key, transition
-from django_app.tenancy import quotas
-from django_app.worker import claim_pg, limits, waiting
+from django_app.tenancy import quotas, waiting
+from django_app.worker import claim_pg, limits
 from django_app.worker.finish import (
     lease_or_default,
     logger,
@@ -195,7 +195,7 @@ def _claim(
         held = _apply_overlap(schedule, occ, now, defer)
         if held is not None:
             return held
-        # Waiters are served oldest first (django_app.worker.waiting): asked under the
+        # Waiters are served oldest first (django_app.tenancy.waiting): asked under the
         # tenant row lock here, under the key's slot row locks below.
         place = waiting.Place(line=waiting.Line.for_tenant(occ.tenant_id, tenant), occ=occ)
         full = ""
@@ -320,6 +320,8 @@ def _transition(occ: Occurrence, target: S, **fields: Any) -> None:
 
 
 def _mark_stale(occ: Occurrence, worker: str, now: datetime, reason: str) -> ClaimResult:
+    # A waiter that goes stale (over max_runs) leaves its line without running.
+    waiting.wake_after_leaving([(occ.tenant_id, occ.reason)], now)
     _lose_previous(occ, now)
     token = occ.fencing_token + 1
     number = occ.attempt_count + 1

@@ -24,7 +24,8 @@ from celery_scheduler.core.enums import OccurrenceState as S
 from django_app import conf, observe
 from django_app.models import Attempt, ConcurrencySlot, Occurrence, OutboxEntry, Schedule
 from django_app.querysets import by_key, transition
-from django_app.worker import complete_pg, limits, waiting
+from django_app.tenancy import waiting
+from django_app.worker import complete_pg, limits
 
 logger = logging.getLogger("celery_scheduler.worker")
 _ERROR_LIMIT = 4000
@@ -68,7 +69,7 @@ def _release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
     """Free the attempt's slot and wake the oldest waiter of its key to take it now.
 
     The wake is what keeps a line's hand-over short: the next waiter does not wait for its
-    next poll (:mod:`django_app.worker.waiting`). One read when the run held no slot.
+    next poll (:mod:`django_app.tenancy.waiting`). One read when the run held no slot.
     """
     owner = slot_owner(occurrence_id, token)
     held = list(ConcurrencySlot.objects.filter(owner=owner).values_list("pk", "tenant_id", "key"))

@@ -16,7 +16,8 @@ import pytest
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import OccurrenceState as S
 from django_app.models import Occurrence, OutboxEntry, Schedule
-from django_app.worker import claim, finish, waiting
+from django_app.tenancy import waiting
+from django_app.worker import claim, finish
 from django_app.worker.claim import ClaimOutcome
 from tests.integration.worker_support import make_occurrence, make_schedule
 
@@ -139,6 +140,78 @@ def test_a_head_invalidated_while_waiting_does_not_leave_the_line_parked(
     row = OutboxEntry.objects.get(occurrence=second)
     assert (row.sent_at, row.available_at) == (None, t0)
     assert claim_as(second, frozen_clock).claimed
+
+
+# (An own cap's line is one schedule's: pausing its head pauses every waiter of it.)
+@pytest.mark.parametrize("line", ["group", "tenant max_running"])
+@pytest.mark.parametrize("leaves_by", ["pause", "cancel", "skip"])
+def test_a_head_that_leaves_by_a_pause_or_cancel_wakes_the_next_waiter(
+    line: str,
+    leaves_by: str,
+    tenant: Any,
+    tenant_factory: Callable[..., Any],
+    frozen_clock: FrozenClock,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """With no other claim of the line to come, the next waiter must not sit out its park
+    (5 minutes) behind a head that will never poll again: the pause, cancel or skip that
+    takes the head out of the line makes the next one due. Seen failing on the tenant's
+    max_running line, where no completion wakes anyone (and on a slot line whose holder's
+    completion had already woken the head)."""
+    from django_app.schedules import lifecycle, skips
+
+    a, b = LINES[line](tenant, tenant_factory)
+    t0 = frozen_clock.now()
+    holder = make_occurrence(b, t0)
+    head = make_occurrence(a, t0 + timedelta(minutes=1))  # fire times: a skip names one
+    second = make_occurrence(b, t0 + timedelta(minutes=2))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
+    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
+    if line == "group":  # the holder's completion wakes the head, which is then taken out
+        finish.complete(holder.id, token, clock=frozen_clock)
+    frozen_clock.advance(0.5)
+
+    with django_capture_on_commit_callbacks(execute=True):  # after the call's commit
+        if leaves_by == "skip":
+            skips.skip_occurrence(a.pk, head.scheduled_for, now=frozen_clock.now())
+        else:
+            leave = lifecycle.pause_schedule if leaves_by == "pause" else lifecycle.cancel_schedule
+            leave(a.pk, clock=frozen_clock)
+
+    assert Occurrence.objects.get(pk=head.pk).state == S.CANCELED
+    row = OutboxEntry.objects.get(occurrence=second)
+    assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
+
+
+@pytest.mark.parametrize("line", ["group", "tenant max_running"])
+def test_a_head_that_goes_stale_at_its_claim_wakes_the_next_waiter(
+    line: str,
+    tenant: Any,
+    tenant_factory: Callable[..., Any],
+    frozen_clock: FrozenClock,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A head whose schedule used up its max_runs meanwhile is canceled by its next ask,
+    not run: the next waiter, parked, is woken then (seen failing: left parked)."""
+    a, b = LINES[line](tenant, tenant_factory)
+    t0 = frozen_clock.now()
+    holder = make_occurrence(b, t0)
+    head = make_occurrence(a, t0 + timedelta(seconds=1))
+    second = make_occurrence(b, t0 + timedelta(seconds=2))
+    token = claim_as(holder, frozen_clock).fencing_token
+    assert token is not None
+    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
+    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
+    Schedule.objects.filter(pk=a.pk).update(max_runs=3, runs_count=3)
+    frozen_clock.advance(claim.DEFER.total_seconds())
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert claim_as(head, frozen_clock).outcome is ClaimOutcome.STALE
+
+    row = OutboxEntry.objects.get(occurrence=second)
+    assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
 
 
 def test_a_head_whose_message_was_lost_is_published_again(

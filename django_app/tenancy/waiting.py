@@ -21,7 +21,9 @@ default). A waiter behind it is *parked*: republished after :data:`PARK`, and wo
 (:func:`django_app.worker.finish.complete` and the other releases wake the key's oldest
 waiter, so the hand-over does not wait for a poll; a tenant's ``max_running`` hand-over
 does: up to ``defer``), and by any claim that finds an older waiter (it wakes the oldest,
-so a head invalidated by a pause or an update does not leave the line parked). ``N``
+so a head invalidated by a pause or an update does not leave the line parked), and by
+the lifecycle call that takes a waiter out of its line (a pause, cancel or update of its
+schedule cancels it: :func:`wake_after_leaving` wakes the oldest left). ``N``
 waiters on one key therefore cost about ``60 + N * 60 / PARK`` publishes a minute instead
 of ``60 * N`` (bench/README.md, "Waiting in order").
 
@@ -32,10 +34,14 @@ it ahead: the line must not stall behind a message nobody will deliver.
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
+from django.db import transaction
 from django.db.models import Q
 
 from django_app.models import Occurrence, OutboxEntry
@@ -57,6 +63,10 @@ def tenant_prefix(slug: str) -> str:
     return f"tenant {slug}: "
 
 
+_SLOT_REASON = re.compile(re.escape(slot_reason("")) + r".+\Z", re.DOTALL)
+_TENANT_REASON = re.compile(r"tenant (?P<slug>[^\s:]+): ")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Line:
     tenant_id: int
@@ -70,6 +80,14 @@ class Line:
     @classmethod
     def for_tenant(cls, tenant_id: int, slug: str) -> Line:
         return cls(tenant_id=tenant_id, reason=tenant_prefix(slug), by_prefix=True)
+
+    @classmethod
+    def of_waiter(cls, tenant_id: int, reason: str) -> Line | None:
+        """The line an unclaimed occurrence with this ``reason`` waits in, if any."""
+        if _SLOT_REASON.match(reason):
+            return cls(tenant_id=tenant_id, reason=reason)
+        tenant = _TENANT_REASON.match(reason)
+        return cls.for_tenant(tenant_id, tenant["slug"]) if tenant else None
 
     def waiters(self) -> OccurrenceQuerySet:
         named = Q(reason__startswith=self.reason) if self.by_prefix else Q(reason=self.reason)
@@ -86,7 +104,7 @@ class Line:
         self,
         now: datetime,
         *,
-        besides: uuid.UUID,
+        besides: uuid.UUID | None = None,
         unless_due_within: timedelta = timedelta(seconds=1),
     ) -> int:
         """Make the oldest waiter other than ``besides`` ask now if it is parked or lost.
@@ -95,13 +113,8 @@ class Line:
         ``unless_due_within`` (a claim's wake: it polls anyway), or whose message is out
         and recent, is left alone (0 rows). A released slot wakes with 0: ask now.
         """
-        head = (
-            self.waiters()
-            .exclude(pk=besides)
-            .order_by("scheduled_for", "id")
-            .values_list("pk", flat=True)
-            .first()
-        )
+        waiters = self.waiters() if besides is None else self.waiters().exclude(pk=besides)
+        head = waiters.order_by("scheduled_for", "id").values_list("pk", flat=True).first()
         if head is None:
             return 0
         parked = Q(sent_at__isnull=True, available_at__gt=now + unless_due_within)
@@ -132,3 +145,18 @@ class Place:
     @property
     def asked_and_behind(self) -> bool:
         return bool(self._behind)
+
+
+def wake_after_leaving(left: Iterable[tuple[int, str]], now: datetime) -> None:
+    """Waiters left their lines without a claim (a pause, cancel, update or skip canceled
+    them; ``left``: their tenant and reason, read before): once the caller's transaction
+    commits, each line's oldest waiter is made to ask now. The head that left polled for
+    its line; the next one may be parked for :data:`PARK`.
+
+    After the commit, one statement per line on its own: a claim of that waiter may hold
+    its row while it waits for the caller's rows (to wake the head it still sees), and
+    waking inside the caller's transaction would close a cycle.
+    """
+    lines = {line for t, r in left if (line := Line.of_waiter(t, r)) is not None}
+    for line in lines:
+        transaction.on_commit(partial(line.wake_oldest, now, unless_due_within=timedelta(0)))
