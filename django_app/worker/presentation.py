@@ -29,7 +29,8 @@ A task whose tracer was built before :func:`install` ran (a worker that does not
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from typing import Any
 
 from celery import Task
 from celery.app import trace as celery_trace
+from celery.app.task import Context
 from celery.exceptions import Retry
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
@@ -63,6 +65,8 @@ class OccurrenceRequest(Request):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: The user's task and call, when the worker has the task.
+        self._user_call: tuple[Any, list[Any], dict[str, Any]] | None = None
         call = user_call(self.kwargs)
         if call is None:
             return
@@ -79,6 +83,84 @@ class OccurrenceRequest(Request):
             # apply_async puts the task's own limits in the message; ours carries the
             # wrapper's (none), so the pool would enforce none.
             self.time_limits = (target.time_limit, target.soft_time_limit)
+        self._user_call = (target, user_args, user_kwargs) if target is not None else None
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        """A time limit, reported as the user's task (see :meth:`_as_user_task`): a hard
+        one kills the process running the body, so the consumer, not the task's tracer,
+        reports it (log line, result backend, the task's ``on_failure``, ``task_failure``,
+        ``task-failed``). The scheduler needs nothing here: the run's lease lapses and the
+        reaper retries it or, on its last attempt, dead-letters it."""
+        with self._as_user_task():
+            super().on_timeout(soft, timeout)
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        """A failure the consumer handles (a process lost or killed under the run), reported
+        as the user's task too; a failure the task's tracer reported is only acknowledged."""
+        with self._as_user_task():
+            super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    @contextmanager
+    def _as_user_task(self) -> Iterator[None]:
+        """While Celery's consumer reports on a run (the process running it is gone), the
+        request is the user's task's: its name, task object (``on_failure``, the signals'
+        sender, its backend and ``ignore_result``), args, kwargs and context. What decides
+        the wrapper message's fate (ack, reject, requeue) stays the wrapper's: its options
+        are lent to the user's task object meanwhile (the consumer runs one handler at a
+        time)."""
+        if self._user_call is None:
+            yield
+            return
+        target, user_args, user_kwargs = self._user_call
+        celery_request: Any = self  # Celery's private attributes, which its stubs omit
+        context = Context(celery_request._context.__dict__)
+        context.update(task=target.name, shadow=None, args=user_args, kwargs=user_kwargs)
+        ignore_result = celery_request._request_dict.get("ignore_result")
+        view = {
+            "_task": target,
+            "name": target.name,
+            "_args": user_args,
+            "_kwargs": user_kwargs,
+            "_ignore_result": target.ignore_result if ignore_result is None else ignore_result,
+        }
+        wrapper = self.task
+        lent = {a: getattr(wrapper, a) for a in _MESSAGE_FATE if hasattr(wrapper, a)}
+        owned = {a: target.__dict__[a] for a in lent if a in target.__dict__}
+        # Celery's Request keeps these in slots; its _context is a cached_property (in
+        # the instance's __dict__, which is where it is read from once set).
+        saved = {key: getattr(self, key) for key in view}
+        cached = self.__dict__.get("_context")
+        for key, value in view.items():
+            setattr(self, key, value)
+        self.__dict__["_context"] = context
+        for attr, value in lent.items():
+            setattr(target, attr, value)
+        try:
+            yield
+        finally:
+            for attr in lent:
+                if attr in owned:
+                    setattr(target, attr, owned[attr])
+                else:
+                    target.__dict__.pop(attr, None)
+            for key, value in saved.items():
+                setattr(self, key, value)
+            if cached is None:
+                self.__dict__.pop("_context", None)
+            else:
+                self.__dict__["_context"] = cached
+
+
+#: The task options Celery's consumer reads to decide what becomes of a message.
+_MESSAGE_FATE = (
+    "acks_late",
+    "acks_on_failure_or_timeout",
+    "acks_on_timeout",
+    "reject_on_worker_lost",
+    "retry_on_worker_lost",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 Differential, with real processes on PostgreSQL and Redis: one prefork worker (``-E``,
 importing :mod:`tests.acceptance.tool_tasks`), a beat, Flower (from PyPI, on a free
-loopback port) and, in this process, Celery's event receiver. The same four tasks (one
-returns, one raises, one retries through ``autoretry_for``, one hits its soft time limit)
+loopback port) and, in this process, Celery's event receiver. The same five tasks (one
+returns, one raises, one retries through ``autoretry_for``, one hits its soft time limit,
+one its hard time limit)
 are sent once with plain ``apply_async`` and fired once by the scheduler. Then what each
 tool recorded is compared field by field:
 
@@ -53,7 +54,11 @@ CASES: list[tuple[str, list[Any], dict[str, Any], dict[str, Any]]] = [
     ("tools.raises", [42], {}, {"max_attempts": 1}),
     ("tools.retries", ["rss"], {}, {}),  # max_retries=1 on the task: two attempts
     ("tools.soft_limited", [5], {}, {"max_attempts": 1}),
+    # Killed by the pool: reported by the worker's consumer, not by the task's tracer.
+    ("tools.hard_limited", [5], {}, {"max_attempts": 1}),
 ]
+#: Tools that see a task only through its traced run, which a hard time limit kills.
+KILLED = {"tools.hard_limited"}
 FINAL = {"SUCCESS", "FAILURE"}
 
 
@@ -365,10 +370,14 @@ def test_a_scheduled_run_looks_like_apply_async_to_every_celery_tool(
         # Each tool recorded the plain run as that task (else equality proves nothing).
         assert plain["result backend"]["name"] == task  # result_extended is on
         assert plain["Flower"]["name"] == task
-        assert plain["Sentry"]["transaction"]["name"] == task
-        assert f"span run/{task}" in plain["OpenTelemetry"]
-        assert any(k.endswith(":task_prerun") for k in plain["signals"])
         assert plain["worker log"]["lines"]
+        if task in KILLED:
+            assert plain["result backend"]["state"] == "FAILURE", plain["result backend"]
+            assert any(k.endswith(":task_failure") for k in plain["signals"])
+        else:
+            assert plain["Sentry"]["transaction"]["name"] == task
+            assert f"span run/{task}" in plain["OpenTelemetry"]
+            assert any(k.endswith(":task_prerun") for k in plain["signals"])
         for tool in plain:
             for field in differences(plain[tool], scheduled[tool]):
                 line = (

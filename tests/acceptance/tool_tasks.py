@@ -33,7 +33,7 @@ def _write(name: str, record: dict[str, Any]) -> None:
         out.write(json.dumps(record, default=repr) + "\n")
 
 
-# -- the tasks: the same four sent by apply_async and fired by the scheduler ----------------
+# -- the tasks: the same five sent by apply_async and fired by the scheduler ----------------
 
 
 @shared_task(name="tools.returns")
@@ -70,6 +70,12 @@ def soft_limited(seconds: float) -> str:
     except SoftTimeLimitExceeded:
         raise
     return "finished"  # pragma: no cover - the soft limit always hits first
+
+
+@shared_task(name="tools.hard_limited", time_limit=1)
+def hard_limited(seconds: float) -> str:
+    time.sleep(seconds)  # the pool kills the process after time_limit
+    return "finished"  # pragma: no cover - the hard limit always hits first
 
 
 # -- probes -----------------------------------------------------------------------------
