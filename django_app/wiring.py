@@ -195,9 +195,11 @@ class DjangoBackend:
             return []
         cfg = self.settings()
         width = timedelta(hours=cfg.partition_width_hours)
+        urgent = partitions.urgent_only(now)  # the rest waits for a quiet minute
+        ahead = min(cfg.partitions_ahead, 1) if urgent else cfg.partitions_ahead
         try:
-            done = partitions.ensure(now, width=width, ahead=cfg.partitions_ahead).created
-            if cfg.partition_retention_days is not None:
+            done = partitions.ensure(now, width=width, ahead=ahead).created
+            if cfg.partition_retention_days is not None and not urgent:
                 dropped = partitions.drop_old(
                     now,
                     timedelta(days=cfg.partition_retention_days),

@@ -229,6 +229,25 @@ def _maintenance(lock_timeout_ms: int, *, wait: bool) -> Iterator[bool]:
         yield bool(row and row[0])
 
 
+#: Minutes of the hour in which a beat's round does what can wait (see :func:`urgent_only`).
+QUIET_MINUTES = range(20, 28)
+
+
+def urgent_only(now: datetime) -> bool:
+    """Whether a beat's maintenance round at ``now`` should do only what cannot wait.
+
+    Creating or detaching a slot takes ACCESS EXCLUSIVE on the three parents, and while
+    that request waits behind a wave's transaction every statement of the run path queues
+    behind it. The busy minutes are the tops of the hours and the quarter hours (crons at
+    midnight or on the hour, in zones whose offsets end in :00, :30, :15 or :45), and a
+    day's slot is first wanted, and first expires, right after midnight. So a round outside
+    :data:`QUIET_MINUTES` creates only the current and the next slot when missing and drops
+    nothing; the slots further ahead and retention's drops wait for the quiet minutes (a
+    round every 5 minutes always lands in them once an hour). Commands are not held back.
+    """
+    return now.astimezone(UTC).minute not in QUIET_MINUTES
+
+
 def ensure(
     now: datetime,
     *,

@@ -158,6 +158,34 @@ def test_the_beats_maintenance_creates_the_configured_slots(settings: Any) -> No
     }
 
 
+@pytest.mark.django_db
+def test_the_beats_leave_what_can_wait_to_a_quiet_minute(settings: Any, tenant: Any) -> None:
+    """Creating or detaching a slot locks the three parents: a beat's round does only what
+    cannot wait (the current and the next slot) at a busy minute (the top of an hour, a
+    quarter past, half past: the peaks of crons in every zone), and the rest (the slots
+    further ahead, retention's drops) in the quiet window. Seen failing: every slot ahead
+    and the expired one at 00:00:30, midnight's peak."""
+    settings.CELERY_SCHEDULER = {
+        "partition_width_hours": 24,
+        "partitions_ahead": 3,
+        "partition_retention_days": 7,
+    }
+    occ = partitions.tables()[0]
+    old_slot(tenant)
+    busy = datetime(2032, 3, 10, 0, 0, 30, tzinfo=UTC)
+    done = set(DjangoBackend().maintain_partitions(busy))
+    assert {n for n in done if n.startswith(f"{occ}_p")} == {
+        f"{occ}_p20320310",
+        f"{occ}_p20320311",
+    }
+    assert f"{occ}_p20250110" in slot_names(occ)
+
+    quiet = busy.replace(minute=partitions.QUIET_MINUTES.start)
+    done = set(DjangoBackend().maintain_partitions(quiet))
+    assert {f"{occ}_p20320312", f"{occ}_p20320313", f"{occ}_p20250110"} <= done
+    assert f"{occ}_p20250110" not in slot_names(occ)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_second_process_skips_while_one_holds_the_maintenance_lock() -> None:
     now = datetime(2033, 8, 1, tzinfo=UTC)
