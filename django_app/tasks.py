@@ -331,7 +331,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
         try:
             outcome = execute(
                 self.app, occurrence_id, job.target.name, args, kwargs,
-                worker_name=worker_name, body=lambda: body(*args, **kwargs),
+                worker_name=worker_name, body=lambda: _started(job, body, args, kwargs),
                 message={**job.request, **job.wrapper_kwargs},
             )  # fmt: skip
         except errors.CoordinationUnavailable as exc:
@@ -360,6 +360,14 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
             countdown=countdown, shadow=job.target.name, headers=headers, retries=retries,
             **({"queue": routing_key} if routing_key else {}),
         )  # fmt: skip
+
+
+def _started(
+    job: presentation.Job, body: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    """The claimed run's body, after its STARTED (``track_started``, see presentation)."""
+    presentation.started(job)
+    return body(*args, **kwargs)
 
 
 def _log_outcome(occurrence_id: str, outcome: dict[str, Any]) -> None:

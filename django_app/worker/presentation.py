@@ -29,6 +29,7 @@ A task whose tracer was built before :func:`install` ran (a worker that does not
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from celery.app import trace as celery_trace
 from celery.app.task import Context
 from celery.exceptions import Retry
@@ -283,7 +284,66 @@ def install_task(task: Any) -> None:
 
     setattr(task, attr, run)
     task.retry = _retry(task, task.retry)
+    _defer_started(task)
     setattr(task, _INSTALLED, True)
+
+
+#: Where a task instance's own ``track_started`` goes once :class:`_TrackStarted` is set.
+_OWN_TRACK_STARTED = "_scheduler_own_track_started"
+_UNSET = object()
+
+
+class _TrackStarted:
+    """``track_started`` on the class of a task that runs scheduled: false while the task's
+    tracer starts one of its scheduled runs, the task's own value otherwise.
+
+    Celery's tracer stores STARTED before it calls the task, but a delivery of a scheduled
+    run may then run nothing (a duplicate of a finished run, a run that must wait for a
+    slot), and its STARTED would stay over the stored result, or show a waiting run as
+    started. The scheduled run stores it itself once claimed (:func:`started`). A data
+    descriptor on the class (the tracer reads the attribute per call); a context variable
+    says which run is being traced, so other runs of the task (threads, greenlets) read
+    their own value.
+    """
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self.default
+        job = _job.get()
+        if job is not None and job.target is obj:
+            return False
+        return obj.__dict__.get(_OWN_TRACK_STARTED, self.default)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[_OWN_TRACK_STARTED] = value
+
+
+def _defer_started(task: Any) -> None:
+    cls = type(task)
+    if not isinstance(cls.__dict__.get("track_started"), _TrackStarted):
+        cls.track_started = _TrackStarted(getattr(cls, "track_started", False))
+    own = task.__dict__.pop("track_started", _UNSET)  # set on the instance: keep it its own
+    if own is not _UNSET:
+        task.__dict__[_OWN_TRACK_STARTED] = own
+
+
+def started(job: Job) -> None:
+    """STARTED in the result backend for a claimed run whose task has ``track_started``,
+    just before its body, as Celery's tracer stores it for ``apply_async``."""
+    target = job.target
+    ignore_result = job.request.get("ignore_result")  # the message's, else the task's
+    if ignore_result is None:
+        ignore_result = target.ignore_result
+    if target.track_started and not ignore_result:
+        target.backend.store_result(
+            job.request.get("id"),
+            {"pid": os.getpid(), "hostname": job.request.get("hostname")},
+            states.STARTED,
+            request=Context(job.request),
+        )
 
 
 class OccurrenceTask(Task):

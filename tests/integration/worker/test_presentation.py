@@ -8,6 +8,7 @@ duplicate delivery stores nothing over the result of the attempt that ran.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -81,6 +82,20 @@ def superseded() -> None:
         fencing_token=F("fencing_token") + 1
     )
     raise ValueError("failed after losing the run")
+
+
+@app.task(name="p.tracked", track_started=True)
+def tracked(fail: bool) -> str:
+    # What the result backend shows while the body runs (STARTED, as for apply_async).
+    from celery_scheduler.tasks import current_occurrence_id
+
+    seen_running.append(app.AsyncResult(str(current_occurrence_id())).state)
+    if fail:
+        raise ValueError("bad row")
+    return "done"
+
+
+seen_running: list[str] = []
 
 
 @app.task(name="p.autoretries", autoretry_for=(ConnectionError,), max_retries=3)
@@ -248,3 +263,34 @@ def test_an_idempotent_task_called_twice_in_a_run_without_a_key_is_refused(
     assert occ.state == "DEAD"
     assert "MissingIdempotencyKey" in occ.last_error
     assert "called again in the same scheduled run" in occ.last_error
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_track_started_shows_started_while_the_body_runs_and_never_over_a_result(
+    tenant: Any, frozen_clock: FrozenClock, fail: bool
+) -> None:
+    """With ``track_started``, Celery's tracer stores STARTED before it calls the task: a
+    delivery that then runs nothing (a duplicate, a deferral) left STARTED over the stored
+    FAILURE, or over nothing while the run waited. STARTED is stored once the run is
+    claimed, before its body. Seen failing: STARTED after the duplicate of a failed run,
+    and after a deferral."""
+    seen_running.clear()
+    schedule = make_schedule(tenant, task="p.tracked", args=[fail], max_attempts=1)
+    occ = make_occurrence(schedule, frozen_clock.now())
+    deliver(occ)
+    assert seen_running == ["STARTED"]
+    final = "FAILURE" if fail else "SUCCESS"
+    assert app.AsyncResult(str(occ.id)).state == final
+    deliver(occ)  # a duplicate: runs nothing
+    assert seen_running == ["STARTED"]
+    assert app.AsyncResult(str(occ.id)).state == final
+
+    # A run that must wait (its own cap is taken by a run still going): nothing stored.
+    capped = make_schedule(tenant, task="p.tracked", args=[False], concurrency_limit=1)
+    holder = make_occurrence(capped, frozen_clock.now())
+    waiter = make_occurrence(capped, frozen_clock.now() + timedelta(seconds=1))
+    from django_app.worker import claim
+
+    assert claim.claim(holder.id, worker="w").claimed  # the wrapper's clock: the system's
+    deliver(waiter)
+    assert app.AsyncResult(str(waiter.id)).state == "PENDING"
