@@ -3,7 +3,9 @@
 ``{"error": "<code>", "detail": "<message>", "field": "<name or null>"}``:
 
 - 400 ``validation_error``: bad input, ``field`` names it; nothing was written (the API
-  validates before it writes). Malformed JSON is ``parse_error``.
+  validates before it writes). When the request's typing refused it (a wrong type, an
+  unknown field), ``fields`` adds DRF's tree of every refused field and its messages.
+  Malformed JSON is ``parse_error``.
 - 401 ``not_authenticated`` / ``authentication_failed``; 403 ``permission_denied``.
 - 404 ``not_found``: no such object *in the caller's tenant* (another tenant's id looks
   exactly like a missing one).

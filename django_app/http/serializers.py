@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from celery_scheduler.core.enums import DstFold, DstGap, MisfirePolicy, OverlapPolicy, ScheduleState
@@ -232,10 +233,39 @@ class TenantUpdate(TenantCreate):
 # Responses (documentation of the JSON the views answer).
 
 
+#: DRF's error tree of a request that failed its typing: every refused field by name, with
+#: its messages, or (a field with parts: ``tags``, a body's ``items[3]``, a list's ``1``)
+#: the same tree of its parts. Recursive, so a named component that refers to itself.
+FIELD_ERRORS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Every refused field by name: its messages, or for a field with parts "
+    "(`tags`, `items[3]`, a list's index) the same object for its parts.",
+    "additionalProperties": {
+        "oneOf": [
+            {"type": "array", "items": {"type": "string"}},
+            {"$ref": "#/components/schemas/FieldErrors"},
+        ]
+    },
+}
+
+
+@extend_schema_field(FIELD_ERRORS_SCHEMA, component_name="FieldErrors")
+class FieldErrors(serializers.DictField):
+    pass
+
+
 class Error(serializers.Serializer):
     error = serializers.CharField()
     detail = serializers.CharField()
     field = serializers.CharField(allow_null=True)
+    # Named like Serializer.fields, which it does not replace: DRF's metaclass takes declared
+    # fields out of the class body.
+    fields = FieldErrors(  # type: ignore[assignment]
+        required=False,
+        help_text="On a 400 `validation_error` of the request's typing (a wrong type, an "
+        "unknown field): every refused field, where `field` names the first. The API's own "
+        "checks refuse one field at a time and leave it out.",
+    )
 
 
 class ScheduleSummary(serializers.Serializer):

@@ -90,7 +90,8 @@ class SchedulerAPIView(APIView):
 
     def parse(self, serializer: type[s.Strict], data: Any) -> dict[str, Any]:
         if not hasattr(data, "keys"):
-            raise exceptions.ValidationError({"non_field_errors": "expected a JSON object"})
+            # A list, as DRF gives every other message: the 400's `fields` has one shape.
+            raise exceptions.ValidationError({"non_field_errors": ["expected a JSON object"]})
         ser = serializer(data=data)
         ser.is_valid(raise_exception=True)
         return ser.given()
@@ -487,7 +488,8 @@ class SchemaView(SpectacularAPIView):
         "DESCRIPTION": (
             "Schedules, occurrences and tenants of celery-scheduler. Authenticate with a "
             "tenant token (`Authorization: Bearer cs_<prefix>.<secret>`) or a staff session. "
-            "Errors are `{error, detail, field}`: 400 names the field, 404 hides other "
+            "Errors are `{error, detail, field}`: 400 names the field (and lists every "
+            "refused one in `fields` when the request's typing refused it), 404 hides other "
             "tenants, 409 is a conflict."
         ),
         "VERSION": _version(),
