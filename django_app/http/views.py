@@ -47,7 +47,15 @@ _ERRORS = {
     403: OpenApiResponse(s.Error, "Not allowed for this credential."),
     404: OpenApiResponse(s.Error, "No such object in the caller's tenant."),
     409: OpenApiResponse(s.Error, "Conflict: idempotency key, version or state."),
+    413: OpenApiResponse(s.Error, "The body is over this route's limit, which `detail` gives."),
+    415: OpenApiResponse(s.Error, "The body is not sent as `application/json`."),
+    429: OpenApiResponse(
+        s.Error, "Over the `http_rate` (per token, user or address); `Retry-After` says when."
+    ),
 }
+#: Every view throttles (429); one that reads a body also refuses it too large or not JSON.
+_ALWAYS = (400, 401, 403, 404, 409, 429)
+_WITH_BODY = (413, 415)
 
 
 def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
@@ -61,8 +69,9 @@ def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
     return decorate
 
 
-def _responses(ok: Any, status: int = 200, *codes: int) -> dict[int, Any]:
-    return {status: ok, **{c: _ERRORS[c] for c in (400, 401, 403, 404, 409, *codes) if c}}
+def _responses(ok: Any, status: int = 200, *, body: bool = False) -> dict[int, Any]:
+    codes = sorted(_ALWAYS + (_WITH_BODY if body else ()))
+    return {status: ok, **{c: _ERRORS[c] for c in codes}}
 
 
 class SchedulerAPIView(APIView):
@@ -178,7 +187,7 @@ class ScheduleListView(SchedulerAPIView):
 
     @extend_schema(
         request=s.ScheduleCreate,
-        responses=_responses(s.ScheduleDescription, 201),
+        responses=_responses(s.ScheduleDescription, 201, body=True),
         **operations.doc("schedules_create"),
     )
     def post(self, request: Request) -> Response:
@@ -211,7 +220,7 @@ class _ItemsView(SchedulerAPIView):
 class BulkCreateView(_ItemsView):
     @extend_schema(
         request=s.BulkCreateRequest,
-        responses=_responses(s.BulkCreateOutcome, 201),
+        responses=_responses(s.BulkCreateOutcome, 201, body=True),
         **operations.doc("schedules_bulk_create"),
         operation_id="schedules_bulk_create",
     )
@@ -223,7 +232,7 @@ class BulkCreateView(_ItemsView):
 class SyncView(_ItemsView):
     @extend_schema(
         request=s.SyncRequest,
-        responses=_responses(s.SyncOutcome),
+        responses=_responses(s.SyncOutcome, body=True),
         **operations.doc("schedules_sync"),
         operation_id="schedules_sync",
     )
@@ -246,7 +255,7 @@ class ScheduleDetailView(SchedulerAPIView):
 
     @extend_schema(
         request=s.ScheduleUpdate,
-        responses=_responses(s.LifecycleOutcome),
+        responses=_responses(s.LifecycleOutcome, body=True),
         **operations.doc("schedules_update"),
     )
     def patch(self, request: Request, schedule_id: uuid.UUID) -> Response:
@@ -282,7 +291,9 @@ def _action(
             return act(schedule_id, given, slug)
 
         @extend_schema(
-            request=request, responses=_responses(response), **operations.doc(f"schedules_{key}")
+            request=request,
+            responses=_responses(response, body=True),
+            **operations.doc(f"schedules_{key}"),
         )
         def post(self, request: Request, schedule_id: uuid.UUID) -> Response:
             return super().post(request, schedule_id)
@@ -359,7 +370,7 @@ class OccurrenceListView(SchedulerAPIView):
 class ReplayView(SchedulerAPIView):
     @extend_schema(
         request=s.ReasonRequest,
-        responses=_responses(s.OccurrenceSummary),
+        responses=_responses(s.OccurrenceSummary, body=True),
         **operations.doc("occurrences_replay"),
     )
     def post(self, request: Request, occurrence_id: uuid.UUID) -> Response:
@@ -383,7 +394,7 @@ class BulkView(SchedulerAPIView):
         parameters=[
             OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(_BULK)),
         ],
-        responses=_responses(s.BulkOutcome),
+        responses=_responses(s.BulkOutcome, body=True),
         **operations.doc("schedules_bulk_action"),
         operation_id="schedules_bulk_action",
     )
@@ -422,7 +433,7 @@ class TenantListView(SchedulerAPIView):
 
     @extend_schema(
         request=s.TenantCreate,
-        responses=_responses(s.TenantInfo, 201),
+        responses=_responses(s.TenantInfo, 201, body=True),
         **operations.doc("tenants_create"),
     )
     def post(self, request: Request) -> Response:
@@ -449,7 +460,7 @@ class TenantDetailView(SchedulerAPIView):
 
     @extend_schema(
         request=s.TenantUpdate,
-        responses=_responses(s.TenantInfo),
+        responses=_responses(s.TenantInfo, body=True),
         **operations.doc("tenants_update"),
     )
     def patch(self, request: Request, slug: str) -> Response:
@@ -490,7 +501,8 @@ class SchemaView(SpectacularAPIView):
             "tenant token (`Authorization: Bearer cs_<prefix>.<secret>`) or a staff session. "
             "Errors are `{error, detail, field}`: 400 names the field (and lists every "
             "refused one in `fields` when the request's typing refused it), 404 hides other "
-            "tenants, 409 is a conflict."
+            "tenants, 409 is a conflict. A method a path does not list is a 405 in the same "
+            "shape, with `Allow` naming the methods it does."
         ),
         "VERSION": _version(),
     }
@@ -498,6 +510,17 @@ class SchemaView(SpectacularAPIView):
     #: The generated document per mount prefix: it depends on the code only, and building
     #: it is slow (bench/README.md, "OpenAPI document served from memory"): built once.
     _documents: ClassVar[dict[str, Any]] = {}
+
+    def get_exception_handler(self) -> Callable[..., Response | None]:
+        return http_errors.handle
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        # The document's renderers (YAML unless asked for JSON) would write the error too, in
+        # DRF's shape: an error is the API's JSON error whatever format was asked for.
+        self.request.accepted_renderer = JSONRenderer()
+        self.request.accepted_media_type = JSONRenderer.media_type
+        return response
 
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         prefix = request.path_info.lstrip("/").removesuffix("schema/")
