@@ -177,12 +177,11 @@ class ScheduleListView(SchedulerAPIView):
         given = self.query(s.ListQuery, request)
         limit = given.pop("limit", 50)
         cursor = given.pop("cursor", None) or None
-        try:
-            page = api.list_schedules(**_filters(request, given), limit=limit, after=cursor)
-        except errors.ValidationError as exc:
-            if exc.field == "after":  # the HTTP name of the API's `after`
-                raise errors.ValidationError(str(exc), field="cursor") from None
-            raise
+        filters = _filters(request, given)
+        if cursor is not None:
+            # The API would refuse it too, in its own words (`after`): here it is `cursor`.
+            reads.decode_cursor(cursor, field="cursor")
+        page = api.list_schedules(**filters, limit=limit, after=cursor)
         return Response(as_json(page))
 
     @extend_schema(
@@ -350,19 +349,17 @@ class OccurrenceListView(SchedulerAPIView):
         schedule = self.schedule(request, schedule_id)
         limit = given.get("limit", 50)
         rows = Occurrence.objects.filter(schedule=schedule)
+        this_list = reads.occurrence_list(schedule.id)
         if given.get("cursor"):
-            try:
-                at, pk = reads.decode_cursor(given["cursor"])
-            except errors.ValidationError:
-                raise errors.ValidationError(
-                    "cursor is not a next_cursor of this list", field="cursor"
-                ) from None
+            at, pk = reads.decode_cursor(given["cursor"], this_list, field="cursor")
             # Keyset on (scheduled_for, id) descending: the occurrence_schedule_time index.
             rows = rows.filter(Q(scheduled_for__lt=at) | Q(scheduled_for=at, id__lt=pk))
         page = list(rows.order_by("-scheduled_for", "-id")[: limit + 1])
         more = len(page) > limit
         page = page[:limit]
-        cursor = reads.encode_cursor(page[-1].scheduled_for, page[-1].id) if more else None
+        cursor = (
+            reads.encode_cursor(page[-1].scheduled_for, page[-1].id, this_list) if more else None
+        )
         items = [as_json(reads.occurrence_summary(o)) for o in page]
         return Response({"items": items, "next_cursor": cursor})
 

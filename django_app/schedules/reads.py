@@ -279,29 +279,69 @@ def _zone(name: str) -> ZoneInfo:
 # -- list ------------------------------------------------------------------------------
 
 
-def encode_cursor(created_at: datetime, pk: uuid.UUID) -> str:
-    raw = json.dumps([created_at.isoformat(), str(pk)]).encode()
+#: The list whose pages a cursor continues: list_schedules' (``schedules/`` over HTTP), or
+#: one schedule's occurrences (:func:`occurrence_list`).
+SCHEDULE_LIST = "schedules"
+
+
+def occurrence_list(schedule_id: uuid.UUID) -> str:
+    return f"occurrences:{schedule_id}"
+
+
+def _described(page_list: str) -> str:
+    if page_list == SCHEDULE_LIST:
+        return "the schedule list"
+    kind, _, schedule_id = page_list.partition(":")
+    if kind != "occurrences":
+        raise ValueError(f"no such list: {page_list!r}")
+    return f"the occurrence list of schedule {uuid.UUID(schedule_id)}"
+
+
+def encode_cursor(at: datetime, pk: uuid.UUID, page_list: str = SCHEDULE_LIST) -> str:
+    """The opaque cursor after the row (at, pk) of ``page_list``.
+
+    It names its list: each list orders by another time (created_at ascending, scheduled_for
+    descending), so read on another list its position would give a wrong or empty page
+    instead of an error."""
+    raw = json.dumps([page_list, at.isoformat(), str(pk)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def decode_cursor(
+    cursor: str, page_list: str = SCHEDULE_LIST, *, field: str = "after"
+) -> tuple[datetime, uuid.UUID]:
+    """The (at, pk) of a cursor of ``page_list``; a ValidationError on ``field`` for any
+    other string, a cursor of another list included (the message names both lists)."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        at, pk = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        decoded = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if page_list == SCHEDULE_LIST and isinstance(decoded, list) and len(decoded) == 2:
+            # A cursor from before cursors named their list ([at, pk]) was list_schedules':
+            # it stays good there (a caller may have kept one), and only there.
+            decoded = [SCHEDULE_LIST, *decoded]
+        issued_by, at, pk = decoded
+        issuer = _described(issued_by)
         when = datetime.fromisoformat(at)
         if when.tzinfo is None:
             raise ValueError("naive")
         # A cursor made up far from any real row (year 1 or 9999 with an offset) would
         # overflow in the database's datetime conversion.
-        timemath.check_instant(when, "after")
-        return when, uuid.UUID(pk)
+        timemath.check_instant(when, field)
+        position = when, uuid.UUID(pk)
     except (
         binascii.Error, ValueError, TypeError, UnicodeDecodeError, AttributeError,
         errors.ValidationError,
     ):  # fmt: skip
         raise errors.ValidationError(
-            "after is not a cursor returned by list_schedules", field="after"
+            f"{field} is not a next_cursor of {_described(page_list)}", field=field
         ) from None
+    if issued_by != page_list:
+        raise errors.ValidationError(
+            f"{field} is a next_cursor of {issuer}, not of {_described(page_list)}: pass "
+            "the next_cursor of the list you are reading",
+            field=field,
+        )
+    return position
 
 
 def parse_tag(tag: str | Mapping[str, str] | None, *, field: str = "tag") -> dict[str, str | None]:

@@ -193,6 +193,40 @@ FAR_CURSOR = (
 )
 
 
+def test_a_cursor_is_refused_on_a_list_it_was_not_issued_for(acme: HttpClient) -> None:
+    """A schedules cursor on an occurrences list read as a scheduled_for position and gave
+    an empty page (a 200 that looks like the end of the list); each list now refuses the
+    other's cursors, and another schedule's, with a 400 on `cursor` that says so."""
+    sids = [
+        acme.post("schedules/", {**CREATE, "name": f"c{n}"}).body["schedule"]["id"]
+        for n in range(3)
+    ]
+    for sid in sids[:2]:
+        for key in ("a", "b", "c"):
+            assert acme.post(f"schedules/{sid}/run-now/", {"idempotency_key": key}).status == 200
+    schedules = acme.get("schedules/?limit=1").body["next_cursor"]
+    occurrences = acme.get(f"schedules/{sids[0]}/occurrences/?limit=1").body["next_cursor"]
+    assert schedules
+    assert occurrences
+
+    wrong = [
+        (f"schedules/{sids[0]}/occurrences/?cursor={schedules}", "schedule list"),
+        (f"schedules/?cursor={occurrences}", f"occurrence list of schedule {sids[0]}"),
+        (f"schedules/{sids[1]}/occurrences/?cursor={occurrences}", sids[0]),
+    ]
+    for path, named in wrong:
+        reply = acme.get(path)
+        assert (reply.status, reply.body["field"]) == (400, "cursor"), (path, reply.body)
+        assert named in reply.body["detail"], reply.body
+        assert "after" not in reply.body["detail"]  # the HTTP name, not the Python API's
+
+    # Each still pages its own list.
+    rest = acme.get(f"schedules/?cursor={schedules}")
+    assert [rest.status, len(rest.body["items"])] == [200, 2]
+    older = acme.get(f"schedules/{sids[0]}/occurrences/?cursor={occurrences}")
+    assert [older.status, len(older.body["items"])] == [200, 2]
+
+
 def test_a_bulk_change_reaches_no_schedule_the_filter_excludes(acme: HttpClient) -> None:
     """A key repeated in the tag filters (repeat to AND) kept its last value: a bulk cancel
     by env=prod AND env=staging canceled every env=staging schedule. And a token's body

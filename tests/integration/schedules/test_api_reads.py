@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +15,7 @@ from celery_scheduler.api_types import ScheduleDescription, as_json
 from celery_scheduler.core import ids
 from celery_scheduler.core.clock import FrozenClock
 from django_app.models import Attempt, Occurrence, OutboxEntry, Schedule
+from django_app.schedules import reads
 
 pytestmark = pytest.mark.django_db
 
@@ -183,6 +186,25 @@ def test_list_rejects_bad_filters(kwargs: Any, field: str) -> None:
     with pytest.raises(errors.ValidationError) as info:
         api.list_schedules(**kwargs)
     assert info.value.field == field
+
+
+def test_list_refuses_another_lists_cursor_and_keeps_taking_its_older_ones(
+    clock: FrozenClock,
+) -> None:
+    made = [make(clock, name=f"r{i}") for i in range(3)]
+    first = api.list_schedules(limit=1)
+    assert first.next_cursor is not None
+    theirs = reads.encode_cursor(NOW, made[0].id, reads.occurrence_list(made[0].id))
+    with pytest.raises(errors.ValidationError, match="occurrence list") as info:
+        api.list_schedules(after=theirs)
+    assert info.value.field == "after"
+    # A cursor handed out before cursors named their list: [created_at, id].
+    last = Schedule.objects.get(pk=first.items[0].id)
+    raw = json.dumps([last.created_at.isoformat(), str(last.id)]).encode()
+    older = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    assert (
+        api.list_schedules(after=older).items == api.list_schedules(after=first.next_cursor).items
+    )
 
 
 def test_describe_counts_remaining_runs_and_truncates_next_times(clock: FrozenClock) -> None:
