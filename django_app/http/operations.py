@@ -50,10 +50,10 @@ OPERATIONS: Final[dict[str, tuple[str, str]]] = {
         "Update a schedule",
         "Changes the fields given, as a new version: runs planned under older versions and "
         "not yet claimed are canceled and their times planned again (a time an older "
-        "version already ran never runs twice). `max_runs`, `pause_after_failures` and "
-        "`tags` alone change in place. Send `expected_version` to make the change "
-        "conditional: if the schedule moved on since you read it, the answer is 409 and "
-        "nothing is written.",
+        "version already ran never runs twice). A field sent as null goes back to its "
+        "default. `max_runs`, `pause_after_failures` and `tags` alone change in place. "
+        "Send `expected_version` to make the change conditional: if the schedule moved on "
+        "since you read it, the answer is 409 and nothing is written.",
     ),
     "schedules_pause": (
         "Pause a schedule",

@@ -1,7 +1,12 @@
 """Request and response shapes. Requests are only typed here (strings, integers, JSON,
 aware datetimes); every rule about their values is ``celery_scheduler.api``'s, which
 answers a ``ValidationError`` naming the field. Response serializers exist for the OpenAPI
-schema: the views answer ``celery_scheduler.api_types.as_json`` of the API's results."""
+schema: the views answer ``celery_scheduler.api_types.as_json`` of the API's results.
+
+``null`` is taken (``allow_null``) where the Python API takes None for the same argument,
+and passed on as None, so it means there what None means: the default, no limit, no key.
+Where the API needs a value (a schedule's name and task, a backfill's range, a slug),
+null is refused with the field's name."""
 
 from __future__ import annotations
 
@@ -50,8 +55,8 @@ def _int(**kw: Any) -> serializers.IntegerField:
     return serializers.IntegerField(required=False, **kw)
 
 
-def _choice(enum: Any) -> serializers.ChoiceField:
-    return serializers.ChoiceField(choices=[m.value for m in enum], required=False)
+def _choice(enum: Any, **kw: Any) -> serializers.ChoiceField:
+    return serializers.ChoiceField(choices=[m.value for m in enum], required=False, **kw)
 
 
 class Strict(serializers.Serializer):
@@ -67,51 +72,73 @@ class Strict(serializers.Serializer):
         """The validated fields the client sent (absent ones keep the API's defaults)."""
         return dict(self.validated_data)
 
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        for name, field in fields.items():
+            # DRF's "This field may not be null." names no field, and a 400's `detail`
+            # stands for the first of them: say which, and why it needs a value.
+            why = "it is required" if field.required else "leave it out to keep its value"
+            field.error_messages["null"] = f"{name} cannot be null: {why}"
+        return fields
+
 
 class ScheduleFieldsMixin(Strict):
-    cron = _text(help_text="Five-field cron or a macro, read in `timezone`.")
-    timezone = _text()
-    dst_gap = serializers.ChoiceField(
-        choices=[m.value for m in DstGap], required=False,
+    # Each takes null, as create_schedule and update_schedule take None: the default (in an
+    # update too, where null sets the default back and a field left out keeps its value).
+    # A comment, not a docstring: drf-spectacular would describe the subclasses with it.
+    cron = _text(allow_null=True, help_text="Five-field cron or a macro, read in `timezone`.")
+    timezone = _text(allow_null=True)
+    dst_gap = _choice(
+        DstGap, allow_null=True,
         help_text="Cron only: a wall time the spring-forward gap removes is SKIPped "
         "(default) or SHIFTed to the first instant after the gap.",
     )  # fmt: skip
-    dst_fold = serializers.ChoiceField(
-        choices=[m.value for m in DstFold], required=False,
+    dst_fold = _choice(
+        DstFold, allow_null=True,
         help_text="Cron only: a wall time the fall-back repeats runs at its FIRST instant "
         "(default), its SECOND, or BOTH.",
     )  # fmt: skip
-    interval = _int(help_text="Seconds between runs (fixed rate from start_at).")
-    run_at = AwareDateTimeField(required=False, help_text="One-off instant.")
-    args = serializers.JSONField(required=False, help_text="JSON list of task arguments.")
-    kwargs = serializers.JSONField(required=False, help_text="JSON object of task kwargs.")
-    queue = _text()
-    priority = _int()
-    misfire_policy = _choice(MisfirePolicy)
+    interval = _int(allow_null=True, help_text="Seconds between runs (fixed rate from start_at).")
+    run_at = AwareDateTimeField(required=False, allow_null=True, help_text="One-off instant.")
+    args = serializers.JSONField(
+        required=False, allow_null=True, help_text="JSON list of task arguments."
+    )
+    kwargs = serializers.JSONField(
+        required=False, allow_null=True, help_text="JSON object of task kwargs."
+    )
+    queue = _text(allow_null=True)
+    priority = _int(allow_null=True)
+    misfire_policy = _choice(MisfirePolicy, allow_null=True)
     max_lateness = _int(allow_null=True)
     catchup_cap = _int(allow_null=True)
-    overlap_policy = _choice(OverlapPolicy)
-    flexible_window = _int()
+    overlap_policy = _choice(OverlapPolicy, allow_null=True)
+    flexible_window = _int(allow_null=True)
     concurrency_limit = _int(allow_null=True)
-    concurrency_group = _text()
+    concurrency_group = _text(allow_null=True)
     max_attempts = _int(allow_null=True)
     deadline = _int(allow_null=True)
     start_at = AwareDateTimeField(required=False, allow_null=True)
     end_at = AwareDateTimeField(required=False, allow_null=True)
     max_runs = _int(allow_null=True, help_text="Complete after this many runs.")
     pause_after_failures = _int(allow_null=True)
-    tags = serializers.DictField(child=_text(), required=False)
+    tags = serializers.DictField(child=_text(), required=False, allow_null=True)
 
 
 def _reason() -> Text:
-    return _text(help_text="Why, for the audit trail (the actor is the token or user).")
+    return _text(
+        allow_null=True, help_text="Why, for the audit trail (the actor is the token or user)."
+    )
 
 
 class ScheduleCreate(ScheduleFieldsMixin):
     name = Text(trim_whitespace=False)
     task = Text(trim_whitespace=False)
-    tenant = _text(help_text="Tenant slug (superusers; a token always uses its own).")
-    idempotency_key = _text(help_text="The same key returns the same schedule (409 if reused).")
+    tenant = _text(
+        allow_null=True, help_text="Tenant slug (superusers; a token always uses its own)."
+    )
+    idempotency_key = _text(
+        allow_null=True, help_text="The same key returns the same schedule (409 if reused)."
+    )
     reason = _reason()
 
 
@@ -120,7 +147,9 @@ class ScheduleItem(ScheduleFieldsMixin):
 
     name = Text(trim_whitespace=False)
     task = Text(trim_whitespace=False)
-    idempotency_key = _text(help_text="Required in a sync: it matches the schedule.")
+    idempotency_key = _text(
+        allow_null=True, help_text="Required in a sync: it matches the schedule."
+    )
 
 
 #: Items per bulk create or sync request (a bigger load: several requests, or the Python API).
@@ -132,22 +161,26 @@ class BulkCreateRequest(Strict):
         child=serializers.DictField(), max_length=MAX_ITEMS,
         help_text=f"Up to {MAX_ITEMS:,} schedules (the fields of a create, without tenant).",
     )  # fmt: skip
-    tenant = _text(help_text="Tenant slug (superusers; a token always uses its own).")
+    tenant = _text(
+        allow_null=True, help_text="Tenant slug (superusers; a token always uses its own)."
+    )
     reason = _reason()
 
 
 class SyncRequest(BulkCreateRequest):
     prune = serializers.BooleanField(
-        required=False, help_text="Cancel sync-made schedules whose key is not in items."
-    )
+        required=False, allow_null=True,
+        help_text="Cancel sync-made schedules whose key is not in items.",
+    )  # fmt: skip
 
 
 class ScheduleUpdate(ScheduleFieldsMixin):
     name = _text()
     task = _text()
     expected_version = _int(
-        min_value=1, help_text="Apply only if the schedule is still at this version (409)."
-    )
+        min_value=1, allow_null=True,
+        help_text="Apply only if the schedule is still at this version (409).",
+    )  # fmt: skip
     reason = _reason()
 
 
@@ -160,22 +193,24 @@ class ReasonRequest(Strict):
 
 
 class PauseRequest(ReasonRequest):
-    note = _text(help_text="Kept as the pause reason until resume.")
+    note = _text(allow_null=True, help_text="Kept as the pause reason until resume.")
 
 
 class RunNowRequest(ReasonRequest):
-    idempotency_key = _text(help_text="The same key returns the same manual run.")
+    idempotency_key = _text(allow_null=True, help_text="The same key returns the same manual run.")
 
 
 class SkipRequest(ReasonRequest):
-    scheduled_for = AwareDateTimeField(required=False, help_text="Default: the next one.")
-    note = _text()
+    scheduled_for = AwareDateTimeField(
+        required=False, allow_null=True, help_text="Default: the next one."
+    )
+    note = _text(allow_null=True)
 
 
 class BackfillRequest(ReasonRequest):
     start = AwareDateTimeField()
     end = AwareDateTimeField()
-    overlap_policy = _choice(OverlapPolicy)
+    overlap_policy = _choice(OverlapPolicy, allow_null=True)
 
 
 class FilterFields(Strict):
@@ -196,8 +231,16 @@ class ListQuery(FilterFields):
 
 
 class BulkRequest(FilterFields):
-    note = _text(help_text="Pause note (bulk pause only).")
+    note = _text(allow_null=True, help_text="Pause note (bulk pause only).")
     reason = _reason()
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        # In a body a filter may be null: no filter, as None is to the bulk calls. (The same
+        # fields in a query string, ListQuery, never see a null: not nullable there.)
+        for field in fields.values():
+            field.allow_null = True
+        return fields
 
 
 class DescribeQuery(Strict):
@@ -212,12 +255,12 @@ class OccurrenceQuery(Strict):
 
 class TenantCreate(Strict):
     slug = Text(trim_whitespace=False)
-    name = _text()
+    name = _text(allow_null=True)
     max_schedules = _int(allow_null=True)
     max_trigger_rate = _int(allow_null=True)
     max_running = _int(allow_null=True)
     catchup_rate = _int(allow_null=True)
-    relay_weight = _int()
+    relay_weight = _int(allow_null=True)
 
 
 class TenantUpdate(TenantCreate):

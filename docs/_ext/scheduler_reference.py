@@ -236,6 +236,10 @@ def _type(schema: dict[str, Any]) -> list[nodes.Node]:
         return [nodes.reference(name, name, refid=f"schema-{name.lower()}")]
     if len(schema.get("allOf", [])) == 1:
         return _type(schema["allOf"][0])
+    # A nullable choice: oneOf its enum and NullEnum (drf-spectacular's spelling).
+    choices = [s for s in schema.get("oneOf", []) if s.get("$ref", "").split("/")[-1] != "NullEnum"]
+    if len(choices) == 1:
+        return [*_type(choices[0]), *([nodes.Text(" or null")] if schema.get("nullable") else [])]
     if schema.get("type") == "array":
         return [nodes.Text("array of "), *_type(schema.get("items", {}))]
     if "enum" in schema:
