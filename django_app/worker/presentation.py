@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,10 +39,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from celery import Task, states
 from celery.app import trace as celery_trace
 from celery.app.task import Context
-from celery.exceptions import Retry
+from celery.exceptions import Retry, TimeLimitExceeded
 from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 
@@ -91,27 +94,34 @@ class OccurrenceRequest(Request):
         one kills the process running the body, so the consumer, not the task's tracer,
         reports it (log line, result backend, the task's ``on_failure``, ``task_failure``,
         ``task-failed``). The scheduler needs nothing here: the run's lease lapses and the
-        reaper retries it or, on its last attempt, dead-letters it."""
-        with self._as_user_task():
+        reaper retries it (the rerun reports its own outcome under the same id) or, on its
+        last attempt, dead-letters it."""
+        with self._as_user_task(hard_limit=not soft):
             super().on_timeout(soft, timeout)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
-        """A failure the consumer handles (a process lost or killed under the run), reported
-        as the user's task too; a failure the task's tracer reported is only acknowledged."""
-        with self._as_user_task():
+        """The pool's report of a process killed by a hard time limit goes here too: as the
+        user's task as well. Every other failure is the wrapper's, as before (a failure
+        the task's tracer reported needs only its message acknowledged; a lost process's
+        message is requeued or retried as the wrapper, which claims the run again)."""
+        exc = getattr(exc_info, "exception", None)
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        with self._as_user_task(hard_limit=isinstance(exc, TimeLimitExceeded)):
             super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     @contextmanager
-    def _as_user_task(self) -> Iterator[None]:
+    def _as_user_task(self, *, hard_limit: bool) -> Iterator[None]:
         """While Celery's consumer reports on a run (the process running it is gone), the
         request is the user's task's: its name, task object (``on_failure``, the signals'
         sender, its backend and ``ignore_result``), args, kwargs and context. What decides
         the wrapper message's fate (ack, reject, requeue) stays the wrapper's: its options
-        are lent to the user's task object meanwhile (the consumer runs one handler at a
-        time)."""
-        if self._user_call is None:
+        are lent to the user's task object meanwhile, which only a process that runs one
+        handler at a time may do (:func:`_one_handler_at_a_time`: prefork, where hard time
+        limits are enforced, and solo)."""
+        if not hard_limit or self._user_call is None or not _one_handler_at_a_time():
             yield
             return
         target, user_args, user_kwargs = self._user_call
@@ -154,14 +164,23 @@ class OccurrenceRequest(Request):
                 self.__dict__["_context"] = cached
 
 
-#: The task options Celery's consumer reads to decide what becomes of a message.
-_MESSAGE_FATE = (
-    "acks_late",
-    "acks_on_failure_or_timeout",
-    "acks_on_timeout",
-    "reject_on_worker_lost",
-    "retry_on_worker_lost",
-)
+#: The task options Celery's consumer reads to decide what becomes of a message after a
+#: time limit (``Request.on_timeout``; ``on_failure`` with ``TimeLimitExceeded``).
+_MESSAGE_FATE = ("acks_late", "acks_on_timeout", "acks_on_failure")
+
+
+def _one_handler_at_a_time() -> bool:
+    """Whether this process runs the consumer's handlers one at a time: in the main
+    thread, without green threads (prefork and solo pools). Only there may an option be
+    lent to a task object for the length of a handler; elsewhere (threads, gevent,
+    eventlet) the handler reports as the wrapper, as it always did."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    gevent = sys.modules.get("gevent.monkey")
+    if gevent is not None and gevent.is_module_patched("threading"):
+        return False
+    eventlet = sys.modules.get("eventlet.patcher")
+    return not (eventlet is not None and eventlet.is_monkey_patched("thread"))
 
 
 @dataclass(frozen=True, slots=True)
