@@ -148,7 +148,7 @@ def _convert(
         _return_set_aside(tables)  # an earlier run stopped between its swap and this step
         log("already partitioned")
         return report
-    _take_back(tables)
+    _take_back(tables, lock_timeout_ms)
     occ = tables[0]
     boundary, _ = slot_of(now + margin, width)
     report.boundary = boundary
@@ -188,7 +188,7 @@ def _convert(
         for table in tables:
             _exec(sql.validate_constraint(table, _CHECK.format(table)))
     except DatabaseError:
-        _undo(tables)
+        _undo(tables, lock_timeout_ms)
         raise
     report.seconds["validate"] = round(time.monotonic() - clock, 3)
     log(f"checks validated in {report.seconds['validate']}s")
@@ -211,7 +211,7 @@ def _convert(
         except DatabaseError as exc:
             log(f"swap attempt {attempt}: {exc}".strip())
             if attempt == swap_tries:
-                _undo(tables)
+                _undo(tables, lock_timeout_ms)
                 raise
             time.sleep(min(2.0, 0.1 * attempt))
     # The set-aside rows go back after the commit, not under the locks: they were out of
@@ -275,11 +275,11 @@ def _shape(table: str) -> Shape:
     return dataclasses.replace(shape, indexes=[i for i in shape.indexes if i[0] not in prebuilt])
 
 
-def _take_back(tables: list[str]) -> None:
+def _take_back(tables: list[str], lock_timeout_ms: int) -> None:
     """What a run interrupted before its swap left: checks and set-aside rows go (as when a
     run gives up), and step 2's indexes whose concurrent build did not finish are dropped
     (an INVALID index would be taken as built: ``IF NOT EXISTS``)."""
-    _undo(tables)
+    _undo(tables, lock_timeout_ms)
     for table in tables:
         for name, _kind, _cols in table_shape(table).uniques:
             index = _PREBUILT.format(name)
@@ -296,11 +296,21 @@ def _return_set_aside(tables: list[str]) -> None:
                 _exec(sql.route_back(table, hold, partitions.columns(table)))
 
 
-def _undo(tables: list[str]) -> None:
-    """Give up before the swap: drop the checks and put the set-aside rows back."""
+def _undo(tables: list[str], lock_timeout_ms: int) -> None:
+    """Give up before the swap: drop the checks and put the set-aside rows back.
+
+    Only where there is something to undo: dropping a check locks its table ACCESS
+    EXCLUSIVE even when there is none (``IF EXISTS``), and a first run has nothing to undo.
+    The lock request is bounded, as every other of the conversion's."""
     for table in tables:
+        check, hold = _CHECK.format(table), _HOLD.format(table)
+        has_check = bool(_exec(sql.CONSTRAINT_EXISTS, {"table": table, "name": check})[0])
+        has_hold = bool(_exec(sql.EXISTS_RELATION, {"name": hold})[0])
+        if not (has_check or has_hold):
+            continue
         with transaction.atomic():
-            _exec(sql.drop_constraint(table, _CHECK.format(table), if_exists=True))
-            hold = _HOLD.format(table)
-            if _exec(sql.EXISTS_RELATION, {"name": hold})[0]:
+            _exec(sql.lock_timeout(lock_timeout_ms))
+            if has_check:
+                _exec(sql.drop_constraint(table, check, if_exists=True))
+            if has_hold:
                 _exec(sql.route_back(table, hold, partitions.columns(table)))

@@ -159,6 +159,11 @@ IDENTITY_COLUMN = (
 )
 #: Whether a relation named ``name`` exists.
 EXISTS_RELATION = "SELECT to_regclass(%(name)s) IS NOT NULL"
+#: Whether ``table`` has the constraint ``name``.
+CONSTRAINT_EXISTS = (
+    "SELECT EXISTS (SELECT 1 FROM pg_constraint "
+    "WHERE conrelid = to_regclass(%(table)s) AND conname = %(name)s)"
+)
 #: A row when the index ``name`` exists and is INVALID (a concurrent build that did not end).
 INDEX_INVALID = "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass(%(name)s) AND NOT indisvalid"
 

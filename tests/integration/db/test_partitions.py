@@ -1062,6 +1062,31 @@ def test_a_conversion_interrupted_before_its_swap_runs_again_to_the_end(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_first_conversion_asks_for_no_exclusive_lock_to_take_back_leftovers() -> None:
+    """Taking back an interrupted run's leftovers drops checks: a first run has none, and
+    must not ask for ACCESS EXCLUSIVE on the busy tables anyway (DROP CONSTRAINT IF EXISTS
+    does), where every claim and relay would queue behind the request. Seen failing: the
+    request waited, unbounded, behind a writer's open transaction."""
+    from django_app.db import convert
+
+    occ, att, out = partitions.tables()
+    with converted_afterwards(datetime.now(UTC)), psycopg.connect(database_url()) as writer:
+        writer.execute(f"LOCK TABLE {occ} IN ROW EXCLUSIVE MODE")  # a claim, mid-transaction
+        outcome: dict[str, Any] = {}
+        taking_back = in_thread(lambda: convert._take_back([occ, att, out], 5000), outcome)
+        taking_back.join(3)
+        waits = writer.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+            [occ],
+        ).fetchone()
+        writer.rollback()
+        taking_back.join(10)
+        assert waits == (0,)
+        assert not taking_back.is_alive()
+        assert "error" not in outcome, outcome
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_second_conversion_while_one_runs_is_refused() -> None:
     """A second run would take the first's checks and set-aside rows for an interrupted
     run's leftovers and undo them under its feet."""
