@@ -34,6 +34,7 @@ it ahead: the line must not stall behind a message nobody will deliver.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Iterable
@@ -41,11 +42,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from django_app.models import Occurrence, OutboxEntry
 from django_app.querysets import OccurrenceQuerySet
+
+logger = logging.getLogger(__name__)
 
 #: How long a waiter behind the head of its line stays in the outbox before it asks again.
 PARK = timedelta(minutes=5)
@@ -159,4 +162,16 @@ def wake_after_leaving(left: Iterable[tuple[int, str]], now: datetime) -> None:
     """
     lines = {line for t, r in left if (line := Line.of_waiter(t, r)) is not None}
     for line in lines:
-        transaction.on_commit(partial(line.wake_oldest, now, unless_due_within=timedelta(0)))
+        transaction.on_commit(partial(_wake_after_commit, line, now))
+
+
+def _wake_after_commit(line: Line, now: datetime) -> None:
+    # The caller's work is committed: a failure here must not be reported as its failure
+    # (a pause answering 500, a claim read as "nothing claimed"). Unwoken, the waiter asks
+    # at the end of its park, or when the next claim of its line finds it ahead.
+    try:
+        line.wake_oldest(now, unless_due_within=timedelta(0))
+    except DatabaseError as exc:
+        logger.warning(
+            "waiting line %r of tenant %s not woken: %s", line.reason, line.tenant_id, exc
+        )

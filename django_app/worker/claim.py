@@ -361,9 +361,11 @@ def _apply_overlap(
         # missed every run the reaper had re-queued first, and RETRY_WAIT -> SKIPPED_OVERLAP
         # is no legal transition: the claim raised StaleWrite and the run was stranded.)
         return _defer(occ, now + defer, "overlap: re-claim waits for the running one")
-    waiting = others.unclaimed().filter(reason=QUEUED_REASON).exists()
-    if policy is OverlapPolicy.QUEUE_ONE and not waiting:
+    queued = others.unclaimed().filter(reason=QUEUED_REASON).exists()
+    if policy is OverlapPolicy.QUEUE_ONE and not queued:
         return _defer(occ, now + defer, QUEUED_REASON)
+    # A waiter of a slot or max_running line skipped here leaves its line without running.
+    waiting.wake_after_leaving([(occ.tenant_id, occ.reason)], now)
     _lose_previous(occ, now)
     _transition(occ, S.SKIPPED_OVERLAP, finished_at=now, reason="overlap: another is running")
     observe.worker_event("overlap_skips")

@@ -30,6 +30,7 @@ from celery_scheduler.core.states import UNCLAIMED
 from django_app.models import Occurrence, OutboxEntry, Schedule, ScheduleCursor
 from django_app.querysets import by_key
 from django_app.schedules.lifecycle import close_live_version, pause_locked
+from django_app.tenancy import waiting
 
 
 def counts_as_run(occ: Occurrence) -> bool:
@@ -65,10 +66,13 @@ def count_run(schedule: Schedule, occ: Occurrence, now: datetime) -> None:
             .filter(schedule=schedule, manual=False, attempt_count=0)
             .exclude(pk=occ.pk)
         )
-        ahead_ids = list(ahead.values_list("id", flat=True))
+        ahead_rows = list(ahead.values_list("id", "tenant_id", "reason"))
+        ahead_ids = [row[0] for row in ahead_rows]
         Occurrence.objects.filter(id__in=ahead_ids).transition(
             S.CANCELED, only_from=UNCLAIMED, finished_at=now, reason=reason
         )
+        # Waiters among them leave their lines without a claim (tenancy.waiting).
+        waiting.wake_after_leaving(((t, why) for _, t, why in ahead_rows), now)
         OutboxEntry.objects.unsent().filter(occurrence_id__in=ahead_ids).update(
             sent_at=now, claimed_by="completed", claim_expires_at=None
         )

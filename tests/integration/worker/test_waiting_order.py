@@ -214,6 +214,82 @@ def test_a_head_that_goes_stale_at_its_claim_wakes_the_next_waiter(
     assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
 
 
+def test_a_wake_that_fails_after_the_commit_is_not_the_callers_failure(
+    tenant_factory: Callable[..., Any],
+    frozen_clock: FrozenClock,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pause committed: a database error in the wake after it is logged, not raised
+    (a 500 for a pause that was made). Seen failing: the pause raised."""
+    from django.db import OperationalError
+
+    from django_app.schedules import lifecycle
+
+    a, b = tenant_pair(tenant_factory)
+    t0 = frozen_clock.now()
+    holder, head = make_occurrence(b, t0), make_occurrence(a, t0 + timedelta(minutes=1))
+    assert claim_as(holder, frozen_clock).claimed
+    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
+
+    def broken(*_: Any, **__: Any) -> int:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(waiting.Line, "wake_oldest", broken)
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.pause_schedule(a.pk, clock=frozen_clock)
+    assert Schedule.objects.get(pk=a.pk).state == "PAUSED"
+    assert "not woken" in caplog.text
+
+
+def _three_in_line(capped: Any, a: Schedule, b: Schedule, clock: FrozenClock) -> tuple[Any, ...]:
+    """A holder of the tenant's one run, then A1 (the head), A2 and B1 parked behind it."""
+    t0 = clock.now()
+    holder = make_occurrence(make_schedule(capped), t0)
+    a1, a2 = (make_occurrence(a, t0 + timedelta(minutes=m)) for m in (1, 2))
+    b1 = make_occurrence(b, t0 + timedelta(minutes=3))
+    token = claim_as(holder, clock).fencing_token
+    assert token is not None
+    assert claim_as(a1, clock).retry_at == t0 + claim.DEFER
+    assert claim_as(a2, clock).retry_at == t0 + waiting.PARK
+    assert claim_as(b1, clock).retry_at == t0 + waiting.PARK
+    finish.complete(holder.id, token, clock=clock)
+    clock.advance(claim.DEFER.total_seconds())
+    return a1, a2, b1
+
+
+@pytest.mark.parametrize("leaves_by", ["max_runs", "overlap"])
+def test_a_waiter_canceled_or_skipped_by_a_claim_wakes_the_next_waiter(
+    leaves_by: str,
+    tenant_factory: Callable[..., Any],
+    frozen_clock: FrozenClock,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """The head's claim wakes the next waiter (A2); if that claim then takes A2 out of the
+    line (its schedule's last run: A2 canceled; or A2's next ask finds A1 running and its
+    schedule skips overlaps), B1 must be woken, not left parked 5 minutes (nothing else
+    wakes a tenant's max_running line). Seen failing: B1 parked, both ways."""
+    capped = tenant_factory("capped", max_running=1)
+    fields = {"overlap_policy": "SKIP_IF_RUNNING"} if leaves_by == "overlap" else {}
+    a, b = make_schedule(capped, **fields), make_schedule(capped)
+    a1, a2, b1 = _three_in_line(capped, a, b, frozen_clock)
+    if leaves_by == "max_runs":
+        Schedule.objects.filter(pk=a.pk).update(max_runs=1, runs_count=0)
+    with django_capture_on_commit_callbacks(execute=True):
+        run = claim_as(a1, frozen_clock)
+    assert run.claimed
+    if leaves_by == "overlap":
+        with django_capture_on_commit_callbacks(execute=True):
+            assert claim_as(a2, frozen_clock).outcome is ClaimOutcome.SKIPPED_OVERLAP
+    assert Occurrence.objects.get(pk=a2.pk).state in (S.CANCELED, S.SKIPPED_OVERLAP)
+    assert run.fencing_token is not None
+    finish.complete(a1.id, run.fencing_token, clock=frozen_clock)
+
+    row = OutboxEntry.objects.get(occurrence=b1)
+    assert (row.sent_at, row.available_at) == (None, frozen_clock.now())
+
+
 def test_a_head_whose_message_was_lost_is_published_again(
     tenant: Any, frozen_clock: FrozenClock
 ) -> None:
