@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from celery_scheduler import api, errors
 from celery_scheduler.api_types import SCHEDULE_FILTERS, ScheduleDescription, SchedulePage, as_json
+from django_app.schedules import reads
 
 #: API argument -> the option that carries it, so an error names what to fix.
 _OPTIONS = {
@@ -91,6 +92,9 @@ class Command(BaseCommand):
 
     def _list(self, o: dict[str, Any]) -> None:
         filters = {name: o[name] for name in SCHEDULE_FILTERS}
+        if o["cursor"]:
+            # The API would refuse a bad one in its own words (its argument is `after`).
+            reads.decode_cursor(o["cursor"], field="cursor")
         page = api.list_schedules(limit=o["limit"], after=o["cursor"], **filters)
         self._out(o, page, _list_text(page))
 

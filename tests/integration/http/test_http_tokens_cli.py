@@ -137,7 +137,7 @@ def test_schedules_list_describe_backfill_commands() -> None:
     ("args", "code", "names"),
     [
         (("schedules", "list", "--state", "SLEEPING"), 2, "--state"),
-        (("schedules", "list", "--cursor", "garbage"), 2, "--cursor"),
+        (("schedules", "list", "--cursor", "garbage"), 2, "--cursor: cursor is not a next_cursor"),
         (("schedules", "list", "--limit", "0"), 2, "--limit"),
         (("schedules", "list", "--next-run-before", "2030-01-01T00:00"), 2, "--next-run-before"),
         (("schedules", "list", "--tenant", "nobody"), 2, "--tenant"),
