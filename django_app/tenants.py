@@ -71,7 +71,8 @@ def create_tenant(slug: str, **values: Any) -> TenantInfo:
     """See :func:`celery_scheduler.api.create_tenant`."""
     slug = _slug(slug)
     fields = _validate(values)
-    fields.setdefault("name", slug)
+    if not fields.get("name"):  # not given, or "" (the facade's default): the slug
+        fields["name"] = slug
     try:
         with transaction.atomic():
             tenant = Tenant.objects.create(slug=slug, **fields)
@@ -90,6 +91,8 @@ def _locked(slug: str) -> Tenant:
 def update_tenant(slug: str, **changes: Any) -> TenantInfo:
     """See :func:`celery_scheduler.api.update_tenant`."""
     fields = _validate(changes)
+    if "name" in fields and not fields["name"]:  # cleared: the default, as at create
+        fields["name"] = slug
     with transaction.atomic():
         tenant = _locked(slug)
         for name, value in fields.items():

@@ -54,6 +54,14 @@ def test_create_get_update_and_list_tenants(frozen_clock: FrozenClock) -> None:
     as_json(usage["acme"])
 
 
+def test_a_tenant_created_without_a_name_is_named_by_its_slug() -> None:
+    """As documented ("default: the slug"). Seen failing: the name was ""."""
+    assert api.create_tenant("acme").name == "acme"
+    assert Tenant.objects.get(slug="acme").name == "acme"
+    assert api.create_tenant("globex", name="Globex Corp").name == "Globex Corp"
+    assert api.update_tenant("globex", name="").name == "globex"  # cleared: the default
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
