@@ -429,7 +429,8 @@ def update_schedule(
         timing = {"cron", "interval", "run_at"} & set(changes)
         if timing:  # a new trigger replaces the old one instead of adding to it
             current.update(cron=None, interval=None, run_at=None)
-        if timing - {"cron"}:  # an interval or one-off has no DST policy (validation)
+        given = {name for name in timing if changes[name] is not None}
+        if given - {"cron"}:  # an interval or one-off has no DST policy (validation)
             current.update(dst_gap=None, dst_fold=None)
         merged = {**current, **changes}
         spec = validation.validate(now=now, **merged)

@@ -114,6 +114,27 @@ def test_switching_a_cron_to_an_interval_drops_its_policy() -> None:
     assert (schedule.kind, schedule.dst_gap, schedule.dst_fold) == ("INTERVAL", "SKIP", "FIRST")
 
 
+def test_a_new_cron_keeps_its_policy_whatever_the_other_triggers_say() -> None:
+    """Only a trigger that is given (an interval or a run_at, not None) drops the policy:
+    ``interval=None`` beside a new cron (HTTP's null, sync's absent triggers) kept nothing
+    of it. Seen failing: SKIP/FIRST after the update; sync flipping it at every run."""
+    schedule = _create(dst_gap="SHIFT", dst_fold="BOTH")
+    api.update_schedule(schedule.id, cron="*/5 * * * *", interval=None, run_at=None)
+    schedule.refresh_from_db()
+    assert (schedule.cron, schedule.dst_gap, schedule.dst_fold) == ("*/5 * * * *", "SHIFT", "BOTH")
+
+    item = {"name": "dst", "task": "billing.ping", "timezone": "Europe/Berlin",
+            "dst_gap": "SHIFT", "dst_fold": "BOTH", "idempotency_key": "nightly"}  # fmt: skip
+    api.sync_schedules([{**item, "cron": CRON}])
+    synced = Schedule.objects.get(idempotency_key="nightly")
+    api.sync_schedules([{**item, "cron": "15 3 * * *"}])
+    synced.refresh_from_db()
+    assert (synced.dst_gap, synced.dst_fold, synced.version) == ("SHIFT", "BOTH", 2)
+    api.sync_schedules([{**item, "cron": "15 3 * * *"}])  # the same again: nothing changes
+    synced.refresh_from_db()
+    assert (synced.dst_gap, synced.dst_fold, synced.version) == ("SHIFT", "BOTH", 2)
+
+
 def test_pure_preview_takes_the_policy() -> None:
     rows = api.preview(
         cron=CRON, timezone="Europe/Berlin", dst_gap="SHIFT",
