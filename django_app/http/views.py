@@ -177,11 +177,10 @@ class ScheduleListView(SchedulerAPIView):
         given = self.query(s.ListQuery, request)
         limit = given.pop("limit", 50)
         cursor = given.pop("cursor", None) or None
-        filters = _filters(request, given)
-        if cursor is not None:
-            # The API would refuse it too, in its own words (`after`): here it is `cursor`.
-            reads.decode_cursor(cursor, field="cursor")
-        page = api.list_schedules(**filters, limit=limit, after=cursor)
+        try:
+            page = api.list_schedules(**_filters(request, given), limit=limit, after=cursor)
+        except errors.ValidationError as exc:  # checked in the API's order, named as here
+            raise reads.renamed_cursor_error(exc, "cursor") from None
         return Response(as_json(page))
 
     @extend_schema(
@@ -498,8 +497,9 @@ class SchemaView(SpectacularAPIView):
             "tenant token (`Authorization: Bearer cs_<prefix>.<secret>`) or a staff session. "
             "Errors are `{error, detail, field}`: 400 names the field (and lists every "
             "refused one in `fields` when the request's typing refused it), 404 hides other "
-            "tenants, 409 is a conflict. A method a path does not list is a 405 in the same "
-            "shape, with `Allow` naming the methods it does."
+            "tenants, 409 is a conflict. A method a path does not list (but HEAD and OPTIONS, "
+            "which every path answers) is a 405 in the same shape, with `Allow` naming the "
+            "methods it does."
         ),
         "VERSION": _version(),
     }

@@ -307,6 +307,15 @@ def encode_cursor(at: datetime, pk: uuid.UUID, page_list: str = SCHEDULE_LIST) -
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def renamed_cursor_error(exc: errors.ValidationError, name: str) -> errors.ValidationError:
+    """``list_schedules``'s error, with its ``after`` argument called ``name`` (what the
+    HTTP API and the command call the cursor); any other error as it is."""
+    if exc.field != "after":
+        return exc
+    text = str(exc)
+    return errors.ValidationError(name + text[5:] if text.startswith("after") else text, field=name)
+
+
 def decode_cursor(
     cursor: str, page_list: str = SCHEDULE_LIST, *, field: str = "after"
 ) -> tuple[datetime, uuid.UUID]:
@@ -315,10 +324,11 @@ def decode_cursor(
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         decoded = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if page_list == SCHEDULE_LIST and isinstance(decoded, list) and len(decoded) == 2:
-            # A cursor from before cursors named their list ([at, pk]) was list_schedules':
-            # it stays good there (a caller may have kept one), and only there.
-            decoded = [SCHEDULE_LIST, *decoded]
+        if isinstance(decoded, list) and len(decoded) == 2:
+            # A cursor from before cursors named their list ([at, pk]): both lists issued
+            # that shape, so each takes it as its own, as it did (a caller paging across
+            # the upgrade goes on); which list it came from cannot be told.
+            decoded = [page_list, *decoded]
         issued_by, at, pk = decoded
         issuer = _described(issued_by)
         when = datetime.fromisoformat(at)

@@ -92,10 +92,10 @@ class Command(BaseCommand):
 
     def _list(self, o: dict[str, Any]) -> None:
         filters = {name: o[name] for name in SCHEDULE_FILTERS}
-        if o["cursor"]:
-            # The API would refuse a bad one in its own words (its argument is `after`).
-            reads.decode_cursor(o["cursor"], field="cursor")
-        page = api.list_schedules(limit=o["limit"], after=o["cursor"], **filters)
+        try:
+            page = api.list_schedules(limit=o["limit"], after=o["cursor"], **filters)
+        except errors.ValidationError as exc:  # the API calls the cursor `after`
+            raise reads.renamed_cursor_error(exc, "cursor") from None
         self._out(o, page, _list_text(page))
 
     def _describe(self, o: dict[str, Any]) -> None:
