@@ -45,7 +45,7 @@ def _first_field(detail: Any, prefix: str = "") -> tuple[str | None, str]:
     """The first failing field of a DRF error tree, dotted (``tags.env``), and its message."""
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = key if key != "non_field_errors" else ""
+            name = "" if key == "non_field_errors" else str(key)  # a list's 0 included
             path = f"{prefix}.{name}" if prefix and name else (name or prefix)
             return _first_field(value, path)
     if isinstance(detail, list) and detail:
