@@ -29,6 +29,18 @@ def claim_as(occ: Any, clock: FrozenClock, who: str = "w") -> claim.ClaimResult:
     return claim.claim(occ.id, worker=who, clock=clock, lease=LEASE)
 
 
+def line_up(clock: FrozenClock, holder: Any, head: Any, *parked: Any) -> int:
+    """The holder takes the resource; the head waits and polls, the rest are parked.
+    Returns the holder's fencing token."""
+    t0 = clock.now()
+    token = claim_as(holder, clock).fencing_token
+    assert token is not None
+    assert claim_as(head, clock).retry_at == t0 + claim.DEFER
+    for occ in parked:
+        assert claim_as(occ, clock).retry_at == t0 + waiting.PARK
+    return token
+
+
 def group_pair(tenant: Any) -> tuple[Schedule, Schedule]:
     kw = {"concurrency_limit": 1, "concurrency_group": "reports"}
     return make_schedule(tenant, **kw), make_schedule(tenant, **kw)
@@ -108,11 +120,7 @@ def test_only_the_head_polls_and_a_taken_slot_wakes_the_next_waiter(
     holder, head, second, third = (
         make_occurrence((a, b)[i % 2], t0 + timedelta(seconds=i)) for i in range(4)
     )
-    token = claim_as(holder, frozen_clock).fencing_token
-    assert token is not None
-    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
-    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
-    assert claim_as(third, frozen_clock).retry_at == t0 + waiting.PARK
+    token = line_up(frozen_clock, holder, head, second, third)
 
     finish.complete(holder.id, token, clock=frozen_clock)
     assert claim_as(head, frozen_clock).claimed
@@ -165,10 +173,7 @@ def test_a_head_that_leaves_by_a_pause_or_cancel_wakes_the_next_waiter(
     holder = make_occurrence(b, t0)
     head = make_occurrence(a, t0 + timedelta(minutes=1))  # fire times: a skip names one
     second = make_occurrence(b, t0 + timedelta(minutes=2))
-    token = claim_as(holder, frozen_clock).fencing_token
-    assert token is not None
-    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
-    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
+    token = line_up(frozen_clock, holder, head, second)
     if line == "group":  # the holder's completion wakes the head, which is then taken out
         finish.complete(holder.id, token, clock=frozen_clock)
     frozen_clock.advance(0.5)
@@ -200,10 +205,7 @@ def test_a_head_that_goes_stale_at_its_claim_wakes_the_next_waiter(
     holder = make_occurrence(b, t0)
     head = make_occurrence(a, t0 + timedelta(seconds=1))
     second = make_occurrence(b, t0 + timedelta(seconds=2))
-    token = claim_as(holder, frozen_clock).fencing_token
-    assert token is not None
-    assert claim_as(head, frozen_clock).retry_at == t0 + claim.DEFER
-    assert claim_as(second, frozen_clock).retry_at == t0 + waiting.PARK
+    line_up(frozen_clock, holder, head, second)
     Schedule.objects.filter(pk=a.pk).update(max_runs=3, runs_count=3)
     frozen_clock.advance(claim.DEFER.total_seconds())
 
@@ -249,11 +251,7 @@ def _three_in_line(capped: Any, a: Schedule, b: Schedule, clock: FrozenClock) ->
     holder = make_occurrence(make_schedule(capped), t0)
     a1, a2 = (make_occurrence(a, t0 + timedelta(minutes=m)) for m in (1, 2))
     b1 = make_occurrence(b, t0 + timedelta(minutes=3))
-    token = claim_as(holder, clock).fencing_token
-    assert token is not None
-    assert claim_as(a1, clock).retry_at == t0 + claim.DEFER
-    assert claim_as(a2, clock).retry_at == t0 + waiting.PARK
-    assert claim_as(b1, clock).retry_at == t0 + waiting.PARK
+    token = line_up(clock, holder, a1, a2, b1)
     finish.complete(holder.id, token, clock=clock)
     clock.advance(claim.DEFER.total_seconds())
     return a1, a2, b1
