@@ -213,14 +213,16 @@ def sync_schedules(
 
     ``prune=True`` also cancels the tenant's live schedules that sync created
     (``source="sync"``) whose key is not in ``items``; schedules made any other way are
-    never pruned.
+    never pruned. ``prune`` must be a bool (``None``: ``False``): a string such as
+    ``"false"`` is refused, not read by its truth.
 
     One transaction: every item is validated first, and a refused item or a failing
     update leaves everything as it was.
 
     Raises:
         celery_scheduler.errors.ValidationError: as :func:`create_schedules`; also a
-            missing or repeated ``idempotency_key`` (``items[<index>].idempotency_key``).
+            missing or repeated ``idempotency_key`` (``items[<index>].idempotency_key``),
+            or a ``prune`` that is not a bool (``prune``).
         celery_scheduler.errors.QuotaExceeded: the new schedules exceed the quota.
     """
     who, why = audit.check(actor, reason)

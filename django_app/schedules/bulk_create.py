@@ -404,6 +404,12 @@ def sync_schedules(
     """Upsert ``items`` by idempotency key (see ``celery_scheduler.api.sync_schedules``);
     ``settings``: the value the facade read for this call."""
     now = (clock or SYSTEM_CLOCK).now()
+    if prune is None:  # not given (HTTP's null)
+        prune = False
+    if not isinstance(prune, bool):  # it cancels schedules: never read a value by its truth
+        raise errors.ValidationError(
+            f"prune must be True or False, got {prune!r}"[:200], field="prune"
+        )
     validated = validate_items(items, now=now, settings=settings)
     first_index: dict[str, int] = {}
     for item in validated:

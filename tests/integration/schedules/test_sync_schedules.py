@@ -117,6 +117,19 @@ def test_prune_cancels_only_sync_made_schedules_missing_from_the_items(acme: Ten
     assert Schedule.objects.get(idempotency_key="poll").state == ScheduleState.CANCELED
 
 
+@pytest.mark.parametrize("prune", ["false", 0, "yes"])
+def test_prune_takes_a_bool_only(acme: Tenant, prune: Any) -> None:
+    """prune cancels schedules: a string from a config file ("false") or a 0 must not be
+    read by its truth. Seen failing: prune="false" canceled "poll" and "once"."""
+    _sync(_items())
+    with pytest.raises(errors.ValidationError) as caught:
+        _sync(_items()[:1], prune=prune)
+    assert caught.value.field == "prune"
+    assert "True or False" in str(caught.value)
+    assert set(Schedule.objects.values_list("state", flat=True)) == {"ACTIVE"}
+    assert _sync(_items()[:1], prune=None).pruned == []  # None: not given (HTTP's null)
+
+
 def test_keys_are_required_and_unique(acme: Tenant) -> None:
     items = _items()
     del items[1]["idempotency_key"]
