@@ -49,13 +49,15 @@ _ERRORS = {
     409: OpenApiResponse(s.Error, "Conflict: idempotency key, version or state."),
     413: OpenApiResponse(s.Error, "The body is over this route's limit, which `detail` gives."),
     415: OpenApiResponse(s.Error, "The body is not sent as `application/json`."),
+    406: OpenApiResponse(s.Error, "The `Accept` header excludes `application/json`."),
     429: OpenApiResponse(
         s.Error, "Over the `http_rate` (per token, user or address); `Retry-After` says when."
     ),
 }
-#: Every view throttles (429); one that reads a body also refuses it too large or not JSON.
-_ALWAYS = (400, 401, 403, 404, 409, 429)
-_WITH_BODY = (413, 415)
+#: Every view throttles (429) and answers JSON only (406); one that reads a body changes
+#: something (409: a conflict) and refuses a body too large or not JSON.
+_ALWAYS = (400, 401, 403, 404, 406, 429)
+_WITH_BODY = (409, 413, 415)
 
 
 def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
