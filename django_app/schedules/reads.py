@@ -312,8 +312,8 @@ def renamed_cursor_error(exc: errors.ValidationError, name: str) -> errors.Valid
     HTTP API and the command call the cursor); any other error as it is."""
     if exc.field != "after":
         return exc
-    text = str(exc)
-    return errors.ValidationError(name + text[5:] if text.startswith("after") else text, field=name)
+    text = str(exc).removeprefix("after")
+    return errors.ValidationError(name + text if text != str(exc) else text, field=name)
 
 
 def decode_cursor(

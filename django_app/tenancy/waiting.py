@@ -22,8 +22,9 @@ default). A waiter behind it is *parked*: republished after :data:`PARK`, and wo
 waiter, so the hand-over does not wait for a poll; a tenant's ``max_running`` hand-over
 does: up to ``defer``), and by any claim that finds an older waiter (it wakes the oldest,
 so a head invalidated by a pause or an update does not leave the line parked), and by
-the lifecycle call that takes a waiter out of its line (a pause, cancel or update of its
-schedule cancels it: :func:`wake_after_leaving` wakes the oldest left). ``N``
+whatever takes a waiter out of its line without running it (a pause, cancel, update or
+skip; a claim that cancels it for max_runs or skips it for overlap):
+:func:`wake_after_leaving` wakes the oldest left once that commits. ``N``
 waiters on one key therefore cost about ``60 + N * 60 / PARK`` publishes a minute instead
 of ``60 * N`` (bench/README.md, "Waiting in order").
 
