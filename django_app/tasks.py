@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import traceback
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -120,6 +121,31 @@ def _finish(action: str, call: Any, occurrence_id: str, clock: Clock = SYSTEM_CL
     return False
 
 
+#: The header of a wrapper message re-sent after its claim failed: the names its claims
+#: were made under (one per failed try, the last few), which the copy's claim may take back
+#: (:func:`django_app.worker.claim.claim`).
+HEADER_CLAIMED_AS = "scheduler_claimed_as"
+_NAMES_KEPT = 8
+
+
+def claimed_as(message: Mapping[str, Any] | None) -> list[str]:
+    """The names a re-sent message's earlier tries claimed under (empty for a first try)."""
+    names = (message or {}).get(HEADER_CLAIMED_AS)
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def names_to_resend(message: Mapping[str, Any] | None, worker_name: str) -> list[str]:
+    """The header of the copy a failed claim sends: this try's name after the earlier ones'
+    (a try whose claim failed before it committed must not hide one that committed)."""
+    return [*claimed_as(message), worker_name][-_NAMES_KEPT:]
+
+
+def claim_name(hostname: str | None) -> str:
+    """The name a delivery claims under: the worker process, and a nonce of this delivery
+    (only a copy re-sent by this delivery can take its claim back; see ``HEADER_CLAIMED_AS``)."""
+    return f"{(hostname or 'worker')[:160]}/{os.getpid()}#{uuid.uuid4().hex[:12]}"
+
+
 def execute(
     app: Any,
     occurrence_id: str,
@@ -144,8 +170,9 @@ def execute(
     drop_if_broken()  # a connection kept from an earlier task may have been broken by it
     sent_for = message_time(message)
     claimed = claim.claim(
-        occurrence_id, worker=worker_name, clock=clock, lease=lease, scheduled_for=sent_for
-    )
+        occurrence_id, worker=worker_name, clock=clock, lease=lease, scheduled_for=sent_for,
+        taking_back=claimed_as(message),
+    )  # fmt: skip
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
     token = claimed.fencing_token
@@ -327,7 +354,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
         kwargs: dict[str, Any],
     ) -> Any:
         occurrence_id = str(job.wrapper_kwargs["occurrence_id"])
-        worker_name = f"{job.request.get('hostname') or 'worker'}/{os.getpid()}"
+        worker_name = claim_name(job.request.get("hostname"))
         try:
             outcome = execute(
                 self.app, occurrence_id, job.target.name, args, kwargs,
@@ -335,11 +362,13 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
                 message={**job.request, **job.wrapper_kwargs},
             )  # fmt: skip
         except errors.CoordinationUnavailable as exc:
-            # Nothing was claimed: re-sending the wrapper message cannot double-run anything.
+            # The body did not run. The claim may have committed with its reply lost: the
+            # copy re-sent carries the name it was made under, to take it back.
             retries = int(job.request.get("retries") or 0)
             countdown = min(60, 2 ** min(retries, 6))
             logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-            self._resend(job, countdown, retries + 1)
+            names = names_to_resend(job.request, worker_name)
+            self._resend(job, countdown, retries + 1, claimed_as=names)
             raise Retry(exc=exc, when=countdown) from exc
         _log_outcome(occurrence_id, outcome)
         presentation.settled(outcome["outcome"])
@@ -352,8 +381,11 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
             raise Ignore()
         return outcome["value"]
 
-    def _resend(self, job: presentation.Job, countdown: int, retries: int) -> None:
+    def _resend(
+        self, job: presentation.Job, countdown: int, retries: int, *, claimed_as: list[str]
+    ) -> None:
         headers = {k: v for k, v in job.request.items() if k.startswith("scheduler_")}
+        headers[HEADER_CLAIMED_AS] = claimed_as
         routing_key = (job.request.get("delivery_info") or {}).get("routing_key")
         self.app.send_task(
             self.name, kwargs=job.wrapper_kwargs, task_id=job.request["id"],
@@ -414,22 +446,25 @@ def run_occurrence(
     scheduled_for: str | None = None,
 ) -> dict[str, Any]:
     """Run one scheduled occurrence (see the module docstring)."""
-    worker_name = f"{self.request.hostname or 'worker'}/{os.getpid()}"
+    worker_name = claim_name(self.request.hostname)
     try:
         message = {
             "schedule_id": schedule_id, "schedule_version": schedule_version,
             "scheduled_for": scheduled_for,
             HEADER_MANUAL: getattr(self.request, HEADER_MANUAL, None),
+            HEADER_CLAIMED_AS: getattr(self.request, HEADER_CLAIMED_AS, None),
         }  # fmt: skip
         outcome = execute(
             self.app, occurrence_id, task, list(args or ()), dict(kwargs or {}),
             worker_name=worker_name, message=message,
         )  # fmt: skip
     except errors.CoordinationUnavailable as exc:
-        # Nothing was claimed: re-sending this wrapper message cannot double-run anything.
+        # As in run_scheduled: the copy re-sent may take back a claim whose reply was lost.
         countdown = min(60, 2 ** min(self.request.retries, 6))
         logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-        raise self.retry(exc=exc, countdown=countdown) from exc
+        names = names_to_resend(message, worker_name)
+        headers = {**(self.request.headers or {}), HEADER_CLAIMED_AS: names}
+        raise self.retry(exc=exc, countdown=countdown, headers=headers) from exc
     _log_outcome(occurrence_id, outcome)
     outcome.pop("value", None)  # the wrapper's own result is its outcome dict
     failure = outcome.pop("exception", None)

@@ -32,6 +32,7 @@ transaction here, which decides it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -126,13 +127,20 @@ def claim(
     lease: timedelta | None = None,
     defer: timedelta = DEFER,
     scheduled_for: datetime | None = None,
+    taking_back: Collection[str] = (),
 ) -> ClaimResult:
     """Claim an occurrence for ``worker`` in one transaction, or say why not.
 
     Order: duplicate check (RUNNING under a live lease, or finished), schedule version and
     cancellation re-check, overlap policy, concurrency slot, then ``-> RUNNING`` with
     ``fencing_token + 1`` and a new Attempt. Raises :class:`errors.CoordinationUnavailable`
-    when the database cannot be reached: nothing was claimed, so the caller may retry.
+    when the database cannot be reached or the reply was lost: the claim may or may not
+    have committed. The caller retries with ``taking_back`` holding the ``worker`` names
+    it claimed as, and a claim still held under one of them (a live lease) is handed over to
+    ``worker`` as it stands, same token and attempt, instead of being read as another
+    worker's run: a lost reply neither spends an attempt nor leaves the run to the reaper.
+    ``worker`` should be unique to the delivery (the wrapper adds a nonce), so that only the
+    copies of the message that lost the reply can take the claim back, and each only once.
     On PostgreSQL the common claim is one statement (:mod:`django_app.worker.claim_pg`);
     ``scheduled_for`` (the message's) keeps its lookups to the occurrence's partition.
     """
@@ -140,7 +148,7 @@ def claim(
     try:
         result = _claim(
             uuid.UUID(str(occurrence_id)), scheduled_for, worker, clock or SYSTEM_CLOCK, lease,
-            defer,
+            defer, taking_back,
         )  # fmt: skip
     except (OperationalError, InterfaceError) as exc:
         reset_after_error()  # the caller's retry must not reuse a dead connection
@@ -162,6 +170,7 @@ def _claim(
     clock: Clock,
     lease: timedelta | None,
     defer: timedelta,
+    taking_back: Collection[str] = (),
 ) -> ClaimResult:
     lease = lease_or_default(lease)
     if claim_pg.applies():
@@ -178,6 +187,10 @@ def _claim(
         now = clock.now()
         state = S(occ.state)
         live = state is S.RUNNING and occ.lease_expires_at and occ.lease_expires_at > now
+        if live and occ.lease_owner in taking_back:
+            taken = _take_back(schedule, occ, worker, now, lease, tenant)
+            if taken is not None:
+                return taken
         if state in TERMINAL or state is S.DEAD or live:
             observe.worker_event("duplicate_claims")
             logger.info(
@@ -518,6 +531,55 @@ def _start(
         tenant=tenant,
         started_at=now,
         queued_seconds=None if queued is None else (now - queued).total_seconds(),
+        timezone=schedule.timezone,
+        scheduled_for=occ.scheduled_for,
+    )
+
+
+def _take_back(
+    schedule: Schedule, occ: Occurrence, worker: str, now: datetime, lease: timedelta, tenant: str
+) -> ClaimResult | None:
+    """Hand a claim whose reply was lost over to ``worker``: same token, same attempt, a
+    fresh lease. None if the slot it took is no longer its own (the reaper decides then)."""
+    token = occ.fencing_token
+    slot = None
+    if schedule.concurrency_limit:
+        held = ConcurrencySlot.objects.filter(owner=slot_owner(occ.pk, token))
+        found = held.values_list("key", "slot", "fencing_token").first()
+        if found is None:
+            return None
+        held.update(expires_at=now + lease)
+        slot = SlotLease(key=found[0], slot=found[1], fencing_token=found[2])
+    # RUNNING -> RUNNING under the same token: another name on the lease, and a new term.
+    _transition(occ, S.RUNNING, lease_owner=worker, lease_expires_at=now + lease)
+    attempt = Attempt.objects.filter(occurrence_id=occ.pk, fencing_token=token)
+    by_key(attempt, occ.scheduled_for).update(worker=worker)
+    last_dead = None
+    if occ.attempt_count > 1:
+        last_dead = Attempt.objects.filter(
+            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+        ).aggregate(n=Max("number"))["n"]
+    observe.worker_event("claims_taken_back")
+    logger.info(
+        "occurrence %s: the claim whose reply was lost is taken back by %s",
+        occ.pk, worker,
+        extra={"event": "claim_taken_back", "occurrence_id": str(occ.pk)},
+    )  # fmt: skip
+    deadline = None
+    if schedule.deadline_seconds:
+        deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)
+    return ClaimResult(
+        outcome=ClaimOutcome.CLAIMED,
+        occurrence_id=occ.pk,
+        fencing_token=token,
+        attempt_number=occ.attempt_count,
+        attempts_in_run=occ.attempt_count - (last_dead or 0),
+        slot=slot,
+        max_attempts=schedule.max_attempts,
+        deadline=deadline,
+        tenant_id=occ.tenant_id,
+        tenant=tenant,
+        started_at=now,
         timezone=schedule.timezone,
         scheduled_for=occ.scheduled_for,
     )

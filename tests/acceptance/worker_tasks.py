@@ -67,3 +67,28 @@ def fails_slowly(seconds: float) -> None:
         with open(path, "a") as out:
             out.write(f"{os.getpid()}\n")
     raise ValueError("fails on purpose")
+
+
+def _lose_first_claim_reply() -> None:
+    """``ACCEPTANCE_LOSE_CLAIM_REPLY=1``: the first claim this worker makes commits, and the
+    worker then sees the driver's error instead of its reply (a connection that dropped
+    after the commit)."""
+    from django.db import OperationalError
+
+    from django_app.worker import claim
+
+    real = claim._claim
+    lost: list[object] = []
+
+    def committed_then_lost(*args: object, **kwargs: object) -> object:
+        result = real(*args, **kwargs)  # type: ignore[arg-type]
+        if not lost:
+            lost.append(result)
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
+
+    claim._claim = committed_then_lost  # type: ignore[assignment]
+
+
+if os.environ.get("ACCEPTANCE_LOSE_CLAIM_REPLY") == "1":
+    _lose_first_claim_reply()
