@@ -190,6 +190,9 @@ def execute(
         ):
             _ran(claimed, clock)
         return {"outcome": "DEAD", "reason": error, "unknown_task": True}
+    policy = policy_for(target, claimed, default_max_attempts=settings.default_max_attempts)
+    if claimed.attempts_in_run > policy.max_attempts:
+        return _exhausted(occurrence_id, token, claimed, policy.max_attempts, clock)
     if not lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
     heartbeat = heartbeats.hold(
@@ -214,7 +217,7 @@ def execute(
         decision = retry.decide(
             exc,
             attempts_used=claimed.attempts_in_run,
-            policy=policy_for(target, claimed, default_max_attempts=settings.default_max_attempts),
+            policy=policy,
             now=clock.now(),
             deadline=claimed.deadline,
             rng=random.Random(),
@@ -326,6 +329,28 @@ def lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock)
         claimed.occurrence_id, claimed.fencing_token, clock=clock, lease=lease,
         scheduled_for=claimed.scheduled_for, holds_slot=claimed.slot is not None,
     )  # fmt: skip
+
+
+def _exhausted(
+    occurrence_id: str, token: int, claimed: claim.ClaimResult, budget: int, clock: Clock
+) -> dict[str, Any]:
+    """Dead-letter, unrun, a run whose earlier attempts lost their lease (their workers died
+    or stalled) until this claim went past the task's budget (the reaper, which cannot
+    see the task's own, left it to the claim)."""
+    error = (
+        f"attempts exhausted: all {budget} used, the last one's lease lost "
+        f"(its worker died or stalled); not run again"
+    )
+    if _finish(
+        "failure",
+        lambda: finish.fail(
+            occurrence_id, token, error, clock=clock, scheduled_for=claimed.scheduled_for
+        ),
+        occurrence_id,
+        clock,
+    ):
+        _ran(claimed, clock)
+    return {"outcome": "DEAD", "reason": error}
 
 
 def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:

@@ -172,9 +172,7 @@ class DjangoBackend:
         return beat_schedule.sync_app(app, clock=clock)
 
     def reap_expired(self, clock: Clock, limit: int) -> int:
-        return finish.reap_expired(
-            clock=clock, limit=limit, default_max_attempts=self.settings().default_max_attempts
-        )
+        return finish.reap_expired(clock=clock, limit=limit)
 
     def redeliver_lost(self, clock: Clock, limit: int, timeout: timedelta) -> int:
         return redelivery.redeliver_lost(clock=clock, limit=limit, timeout=timeout)

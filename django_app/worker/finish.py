@@ -248,16 +248,17 @@ def fail(
     return target
 
 
-def reap_expired(
-    *, clock: Clock | None = None, limit: int = 100, default_max_attempts: int | None = None
-) -> int:
+def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
     """Recover up to ``limit`` RUNNING occurrences whose lease expired; returns how many.
 
     Each one's current Attempt becomes LOST and the occurrence RETRY_WAIT with its outbox
-    row reset (republished now, same id); if the lost attempt used up ``max_attempts``
-    (schedule's, else the settings default) it goes DEAD instead, so a body that always
-    kills its worker cannot loop forever. Cheap when nothing expired: one query over the
-    RUNNING rows (bounded by worker capacity) through the (state, ...) index.
+    row reset (republished now, same id); if the lost attempt used up the schedule's own
+    ``max_attempts`` it goes DEAD instead. Without one, the budget is the task's (its
+    ``max_attempts``, its Celery ``max_retries``, else the settings default), which only a
+    worker knows: the next claim dead-letters a run that used it up without running it
+    (:func:`django_app.tasks.execute`), so a body that always kills its worker cannot loop
+    forever either way. Cheap when nothing expired: one query over the RUNNING rows
+    (bounded by worker capacity) through the (state, ...) index.
     """
     now = (clock or SYSTEM_CLOCK).now()
     expired = list(
@@ -266,7 +267,6 @@ def reap_expired(
         .values_list("pk", "fencing_token", "schedule__max_attempts")[:limit]
     )
     reaped = 0
-    default_max = default_max_attempts or conf.get().default_max_attempts  # (direct calls)
     for occ_id, token, max_attempts in expired:
         with transaction.atomic():
             # Schedule row first (only if it counts failures), then the occurrence: the
@@ -286,7 +286,7 @@ def reap_expired(
                 ).aggregate(n=Max("number"))["n"]
                 or 0
             )
-            dead = used >= (max_attempts or default_max)
+            dead = max_attempts is not None and used >= max_attempts
             error = f"lease expired at {occ.lease_expires_at:%Y-%m-%dT%H:%M:%S}Z"
             error += (
                 f" ({occ.lease_owner}); attempts exhausted" if dead else f" ({occ.lease_owner})"

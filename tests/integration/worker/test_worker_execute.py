@@ -244,3 +244,49 @@ def test_a_body_does_not_start_on_a_lapsed_lease_that_nobody_reaped_yet(
     assert seen == []
     assert Occurrence.objects.get(pk=occ.pk).state == S.RUNNING
     assert finish.reap_expired(clock=frozen_clock) == 1
+
+
+@app.task(name="t.two_tries", max_attempts=2)
+def two_tries() -> None:
+    seen.append("two_tries ran")
+
+
+@app.task(name="t.eight_tries", max_attempts=8)
+def eight_tries() -> None:
+    seen.append("eight_tries ran")
+
+
+def lose_lease(occ: Any, clock: FrozenClock) -> None:
+    """A worker claims and dies: its lease lapses and the beat's reaper recovers the run."""
+    assert claim.claim(occ.id, worker="dies", clock=clock, lease=timedelta(seconds=30)).claimed
+    clock.advance(timedelta(seconds=31))
+    assert finish.reap_expired(clock=clock) == 1
+
+
+def test_runs_whose_workers_die_stop_at_the_tasks_own_max_attempts(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """The task's ``max_attempts`` (2) bounds lost attempts too, under the default (5)."""
+    occ = make_occurrence(make_schedule(tenant, task="t.two_tries"), frozen_clock.now())
+    for _ in range(2):
+        lose_lease(occ, frozen_clock)
+    assert Occurrence.objects.get(pk=occ.pk).state == S.RETRY_WAIT
+    seen.clear()
+    outcome = run(occ, frozen_clock)
+    assert (outcome["outcome"], seen) == ("DEAD", [])  # a third attempt is not run
+    row = Occurrence.objects.get(pk=occ.pk)
+    assert row.state == S.DEAD
+    assert "attempts exhausted" in row.last_error
+
+
+def test_runs_whose_workers_die_get_every_attempt_the_task_allows(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """The task's ``max_attempts`` (8) is not cut to the default (5) by the reaper."""
+    occ = make_occurrence(make_schedule(tenant, task="t.eight_tries"), frozen_clock.now())
+    for _ in range(7):
+        lose_lease(occ, frozen_clock)
+    assert Occurrence.objects.get(pk=occ.pk).state == S.RETRY_WAIT
+    seen.clear()
+    assert run(occ, frozen_clock)["outcome"] == "SUCCEEDED"
+    assert seen == ["eight_tries ran"]
