@@ -6,9 +6,11 @@ registered task's body with the occurrence id in context while the process's hea
 renews the lease, then completes it or, by error class, schedules a retry through the outbox or
 dead-letters it, all under its fencing token.
 
-Celery's own retry is used only when the claim itself cannot reach the database: nothing
-was claimed yet, so re-sending the wrapper message is safe. Retries of a claimed occurrence
-go through the outbox instead, so every try keeps the occurrence id and is a new Attempt.
+Celery's own retry is used only when the claim itself failed on the database: the body did
+not run, and the copy re-sent names the claims its tries may have committed, which its own
+claim takes back as they stand (:func:`django_app.worker.claim.claim`). Retries of a claimed
+occurrence go through the outbox instead, so every try keeps the occurrence id and is a new
+Attempt.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
+from celery.app.task import X_DEATH_HEADERS  # type: ignore[attr-defined]  # not in the stubs
 from celery.exceptions import Ignore, MaxRetriesExceededError, NotRegistered, Retry
 from django.db import DatabaseError, InterfaceError
 
@@ -121,23 +125,37 @@ def _finish(action: str, call: Any, occurrence_id: str, clock: Clock = SYSTEM_CL
     return False
 
 
-#: The header of a wrapper message re-sent after its claim failed: the names its claims
-#: were made under (one per failed try, the last few), which the copy's claim may take back
-#: (:func:`django_app.worker.claim.claim`).
+#: The header of a wrapper message re-sent after its claim failed: ``[name, tried_at]`` of
+#: its earlier tries (``tried_at`` in Unix seconds), whose claims the copy's claim may take
+#: back (:func:`django_app.worker.claim.claim`).
 HEADER_CLAIMED_AS = "scheduler_claimed_as"
-_NAMES_KEPT = 8
 
 
 def claimed_as(message: Mapping[str, Any] | None) -> list[str]:
     """The names a re-sent message's earlier tries claimed under (empty for a first try)."""
-    names = (message or {}).get(HEADER_CLAIMED_AS)
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    return [name for name, _ in _tries(message)]
 
 
-def names_to_resend(message: Mapping[str, Any] | None, worker_name: str) -> list[str]:
-    """The header of the copy a failed claim sends: this try's name after the earlier ones'
-    (a try whose claim failed before it committed must not hide one that committed)."""
-    return [*claimed_as(message), worker_name][-_NAMES_KEPT:]
+def _tries(message: Mapping[str, Any] | None) -> list[tuple[str, float]]:
+    entries = (message or {}).get(HEADER_CLAIMED_AS)
+    if not isinstance(entries, list):
+        return []
+    return [
+        (entry[0], float(entry[1]))
+        for entry in entries
+        if isinstance(entry, list | tuple) and len(entry) == 2
+        and isinstance(entry[0], str) and isinstance(entry[1], int | float)
+    ]  # fmt: skip
+
+
+def names_to_resend(
+    message: Mapping[str, Any] | None, worker_name: str, *, now: float, lease_seconds: float
+) -> list[list[Any]]:
+    """The header of the copy a failed claim sends: this try after the earlier ones (a try
+    whose claim failed before it committed must not hide one that committed), each kept
+    while a claim it made could still be live (younger than a lease)."""
+    live = [[name, at] for name, at in _tries(message) if at > now - lease_seconds]
+    return [*live, [worker_name, now]]
 
 
 def claim_name(hostname: str | None) -> str:
@@ -392,7 +410,10 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
             retries = int(job.request.get("retries") or 0)
             countdown = min(60, 2 ** min(retries, 6))
             logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-            names = names_to_resend(job.request, worker_name)
+            names = names_to_resend(
+                job.request, worker_name, now=time.time(),
+                lease_seconds=conf.get().occurrence_lease_seconds,
+            )  # fmt: skip
             self._resend(job, countdown, retries + 1, claimed_as=names)
             raise Retry(exc=exc, when=countdown) from exc
         _log_outcome(occurrence_id, outcome)
@@ -407,7 +428,7 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
         return outcome["value"]
 
     def _resend(
-        self, job: presentation.Job, countdown: int, retries: int, *, claimed_as: list[str]
+        self, job: presentation.Job, countdown: int, retries: int, *, claimed_as: list[list[Any]]
     ) -> None:
         headers = {k: v for k, v in job.request.items() if k.startswith("scheduler_")}
         headers[HEADER_CLAIMED_AS] = claimed_as
@@ -487,8 +508,13 @@ def run_occurrence(
         # As in run_scheduled: the copy re-sent may take back a claim whose reply was lost.
         countdown = min(60, 2 ** min(self.request.retries, 6))
         logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-        names = names_to_resend(message, worker_name)
-        headers = {**(self.request.headers or {}), HEADER_CLAIMED_AS: names}
+        names = names_to_resend(
+            message, worker_name, now=time.time(),
+            lease_seconds=conf.get().occurrence_lease_seconds,
+        )  # fmt: skip
+        # Celery's own retry drops RabbitMQ's dead-letter headers: so does this one.
+        kept = {k: v for k, v in (self.request.headers or {}).items() if k not in X_DEATH_HEADERS}
+        headers = {**kept, HEADER_CLAIMED_AS: names}
         raise self.retry(exc=exc, countdown=countdown, headers=headers) from exc
     _log_outcome(occurrence_id, outcome)
     outcome.pop("value", None)  # the wrapper's own result is its outcome dict

@@ -57,6 +57,7 @@ from django_app.worker import claim_pg, limits
 from django_app.worker.finish import (
     lease_or_default,
     logger,
+    release_slot,
     republish,
     slot_owner,
 )
@@ -540,15 +541,21 @@ def _take_back(
     schedule: Schedule, occ: Occurrence, worker: str, now: datetime, lease: timedelta, tenant: str
 ) -> ClaimResult | None:
     """Hand a claim whose reply was lost over to ``worker``: same token, same attempt, a
-    fresh lease. None if the slot it took is no longer its own (the reaper decides then)."""
+    fresh lease. A schedule canceled or updated meanwhile makes it stale, as any claim's
+    re-check would; None if the slot it took is no longer its own (lapsed and taken by a
+    claimer whose clock is ahead: the reaper decides then)."""
     token = occ.fencing_token
+    stale = _stale_reason(schedule, occ)
+    if stale:
+        release_slot(occ.pk, token, now)
+        return _mark_stale(occ, worker, now, stale)
     slot = None
     if schedule.concurrency_limit:
         held = ConcurrencySlot.objects.filter(owner=slot_owner(occ.pk, token))
         found = held.values_list("key", "slot", "fencing_token").first()
-        if found is None:
+        # The count, not the read: a slot may have been taken since (renew() does the same).
+        if found is None or not held.filter(expires_at__gt=now).update(expires_at=now + lease):
             return None
-        held.update(expires_at=now + lease)
         slot = SlotLease(key=found[0], slot=found[1], fencing_token=found[2])
     # RUNNING -> RUNNING under the same token: another name on the lease, and a new term.
     _transition(occ, S.RUNNING, lease_owner=worker, lease_expires_at=now + lease)

@@ -65,7 +65,7 @@ def republish(occ: Occurrence, at: datetime) -> None:
         )  # fmt: skip
 
 
-def _release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
+def release_slot(occurrence_id: uuid.UUID, token: int, now: datetime) -> None:
     """Free the attempt's slot and wake the oldest waiter of its key to take it now.
 
     The wake is what keeps a line's hand-over short: the next waiter does not wait for its
@@ -205,7 +205,7 @@ def complete(
         _attempt(occ_id, token, scheduled_for).update(
             outcome=AttemptOutcome.SUCCEEDED, finished_at=now, result=result
         )
-        _release_slot(occ_id, token, now)
+        release_slot(occ_id, token, now)
 
 
 def fail(
@@ -240,7 +240,7 @@ def fail(
             finished_at=now,
             error=error,
         )
-        _release_slot(occ_id, token, now)
+        release_slot(occ_id, token, now)
         if retry_at is not None:
             occ = by_key(Occurrence.objects.filter(pk=occ_id), scheduled_for).get()
             republish(occ, retry_at)
@@ -302,7 +302,7 @@ def reap_expired(*, clock: Clock | None = None, limit: int = 100) -> int:
                 finished_at=now,
                 error=error,
             )
-            _release_slot(occ_id, token, now)
+            release_slot(occ_id, token, now)
             if dead:
                 limits.record_outcome(schedule, dead=True, occurrence_id=occ_id, now=now)
             else:

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from django.db import OperationalError
 
-from celery_scheduler import errors
+from celery_scheduler import api, errors
 from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import AttemptOutcome
 from celery_scheduler.core.enums import OccurrenceState as S
@@ -58,7 +58,7 @@ def lose_the_next_reply(monkeypatch: pytest.MonkeyPatch) -> None:
 def deliver(
     occ: Occurrence, clock: FrozenClock, worker: str, claimed_as: str | None = None
 ) -> dict[str, Any]:
-    message = {HEADER_CLAIMED_AS: [claimed_as]} if claimed_as else None
+    message = {HEADER_CLAIMED_AS: [[claimed_as, 0.0]]} if claimed_as else None
     return execute(
         app, str(occ.id), "t.counted", ["x"], {}, worker_name=worker, clock=clock,
         lease=LEASE, message=message,
@@ -121,13 +121,54 @@ def test_a_later_try_that_failed_before_its_claim_keeps_the_earlier_name(
 ) -> None:
     occ = lost_claim(tenant, frozen_clock, monkeypatch)
     # The first copy's claim never reached the database; it sends a copy in turn.
-    names = names_to_resend({HEADER_CLAIMED_AS: ["w/1#first"]}, "w/2#second")
-    assert names == ["w/1#first", "w/2#second"]
+    first = [["w/1#first", 1000.0]]
+    names = names_to_resend({HEADER_CLAIMED_AS: first}, "w/2#second", now=1001.0, lease_seconds=30)
+    assert names == [["w/1#first", 1000.0], ["w/2#second", 1001.0]]
     outcome = execute(
         app, str(occ.id), "t.counted", ["x"], {}, worker_name="w/3#third", clock=frozen_clock,
         lease=LEASE, message={HEADER_CLAIMED_AS: names},
     )  # fmt: skip
     assert (outcome["outcome"], runs) == ("SUCCEEDED", ["x"])
+
+
+def test_a_copy_names_the_tries_whose_claims_may_still_be_live() -> None:
+    """However many tries failed (a long outage), each is named while its claim could be
+    live (younger than a lease), and none after."""
+    header: list[Any] = []
+    for second in range(0, 600, 60):
+        header = names_to_resend(
+            {HEADER_CLAIMED_AS: header}, f"w#{second}", now=float(second), lease_seconds=300
+        )
+    assert [name for name, _ in header] == [f"w#{s}" for s in range(300, 600, 60)]
+    assert names_to_resend({HEADER_CLAIMED_AS: "garbage"}, "w#x", now=1.0, lease_seconds=9) == [
+        ["w#x", 1.0]
+    ]
+
+
+def test_a_claim_taken_back_after_its_schedule_was_canceled_is_stale(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    occ = lost_claim(tenant, frozen_clock, monkeypatch, concurrency_limit=1)
+    api.cancel_schedule(occ.schedule_id)  # leaves the RUNNING occurrence to its worker
+    outcome = deliver(occ, frozen_clock, "w/2#second", claimed_as="w/1#first")
+    assert (outcome["outcome"], runs) == ("STALE", [])
+    assert Occurrence.objects.get(pk=occ.pk).state == S.CANCELED
+    assert ConcurrencySlot.objects.get().owner == ""  # its slot is free again
+
+
+@pytest.mark.parametrize("since", ["taken", "lapsed"])
+def test_a_slot_taken_or_lapsed_since_is_not_taken_back(
+    tenant: Any, frozen_clock: FrozenClock, monkeypatch: pytest.MonkeyPatch, since: str
+) -> None:
+    """A claimer whose clock is ahead saw the slot lapse (and took it, or may take it at
+    any moment): the copy does not run beside that run (the reaper settles the lost claim)."""
+    occ = lost_claim(tenant, frozen_clock, monkeypatch, concurrency_limit=1)
+    if since == "taken":
+        ConcurrencySlot.objects.update(owner="someone else", occurrence_id=None)
+    else:
+        ConcurrencySlot.objects.update(expires_at=frozen_clock.now() - timedelta(seconds=1))
+    outcome = deliver(occ, frozen_clock, "w/2#second", claimed_as="w/1#first")
+    assert (outcome["outcome"], runs) == ("DUPLICATE", [])
 
 
 def test_a_claim_is_not_taken_back_once_its_lease_lapsed(
