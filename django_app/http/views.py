@@ -60,9 +60,17 @@ _ALWAYS = (400, 401, 403, 404, 406, 429)
 _WITH_BODY = (409, 413, 415)
 
 
+#: The header every 429 carries (every operation throttles).
+_RETRY_AFTER = OpenApiParameter(
+    "Retry-After", int, OpenApiParameter.HEADER, response=[429],
+    description="Seconds until the credential's bucket lets a request through.",
+)  # fmt: skip
+
+
 def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
     """drf-spectacular's ``extend_schema`` on drf-spectacular's AutoSchema, whatever the
     project's ``DEFAULT_SCHEMA_CLASS``: mounting the API needs no settings."""
+    kwargs["parameters"] = [*kwargs.get("parameters", ()), _RETRY_AFTER]
 
     def decorate(method: Any) -> Any:
         method.schema = AutoSchema
