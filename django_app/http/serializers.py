@@ -47,6 +47,18 @@ class Text(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class Boolean(serializers.BooleanField):
+    """A JSON boolean, as sent: ``"false"``, ``""`` or ``0`` are refused, not read as one
+    (the Python API takes a bool only where a value cancels schedules: ``prune``)."""
+
+    default_error_messages = {"invalid": "Must be true or false (a JSON boolean)."}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
 def _text(**kw: Any) -> Text:
     return Text(required=False, allow_blank=True, trim_whitespace=False, **kw)
 
@@ -168,7 +180,7 @@ class BulkCreateRequest(Strict):
 
 
 class SyncRequest(BulkCreateRequest):
-    prune = serializers.BooleanField(
+    prune = Boolean(
         required=False, allow_null=True,
         help_text="Cancel sync-made schedules whose key is not in items.",
     )  # fmt: skip

@@ -87,3 +87,16 @@ def test_sync_over_http(acme: HttpClient, live_server: Any) -> None:
     globex = Tenant.objects.get(slug="globex")
     assert not Schedule.objects.filter(tenant=globex).exists()
     assert acme.post("schedules/bulk/", {"items": "nope"}).status == 400
+
+
+@pytest.mark.parametrize("prune", ["false", "", "null", 0, 1, "true"])
+def test_sync_takes_prune_as_a_json_boolean_only(acme: HttpClient, prune: Any) -> None:
+    """As the Python API (a bool only: prune cancels schedules), not read by DRF's table of
+    spellings, which took "" and "null" as no prune and "false", 0 or "yes" as a choice.
+    Seen failing: 200 for each."""
+    items = [dict(ITEM, name=n, idempotency_key=n) for n in ("a", "b")]
+    assert acme.post("schedules/sync/", {"items": items}).status == 200
+    reply = acme.post("schedules/sync/", {"items": items[:1], "prune": prune})
+    assert (reply.status, reply.body["field"]) == (400, "prune"), reply.body
+    assert "JSON boolean" in reply.body["detail"]
+    assert set(Schedule.objects.values_list("state", flat=True)) == {"ACTIVE"}
