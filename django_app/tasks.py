@@ -39,7 +39,7 @@ from celery_scheduler.tasks import Origin, ScheduledRun, occurrence_context
 from django_app import conf, observe
 from django_app.db.connections import drop_if_broken, reset_after_error
 from django_app.schedules.backfill import BACKFILL_VERSION
-from django_app.worker import claim, finish, presentation
+from django_app.worker import claim, finish, idempotency, presentation
 from django_app.worker import heartbeat as heartbeats
 from django_app.worker.idempotency import as_json
 
@@ -158,6 +158,15 @@ def names_to_resend(
     return [*live, [worker_name, now]]
 
 
+class ClaimUnconfirmed(errors.CoordinationUnavailable):
+    """The claim failed on the database and may have committed (its reply lost): the body
+    did not run. ``resend_as`` is the header the copy the wrapper re-sends carries."""
+
+    def __init__(self, message: str, *, resend_as: list[list[Any]]) -> None:
+        super().__init__(message)
+        self.resend_as = resend_as
+
+
 def claim_name(hostname: str | None) -> str:
     """The name a delivery claims under: the worker process, and a nonce of this delivery
     (only a copy re-sent by this delivery can take its claim back; see ``HEADER_CLAIMED_AS``)."""
@@ -187,10 +196,16 @@ def execute(
     lease = lease or timedelta(seconds=settings.occurrence_lease_seconds)
     drop_if_broken()  # a connection kept from an earlier task may have been broken by it
     sent_for = message_time(message)
-    claimed = claim.claim(
-        occurrence_id, worker=worker_name, clock=clock, lease=lease, scheduled_for=sent_for,
-        taking_back=claimed_as(message),
-    )  # fmt: skip
+    try:
+        claimed = claim.claim(
+            occurrence_id, worker=worker_name, clock=clock, lease=lease, scheduled_for=sent_for,
+            taking_back=claimed_as(message),
+        )  # fmt: skip
+    except errors.CoordinationUnavailable as exc:
+        resend_as = names_to_resend(
+            message, worker_name, now=time.time(), lease_seconds=lease.total_seconds()
+        )
+        raise ClaimUnconfirmed(str(exc), resend_as=resend_as) from exc
     if not claimed.claimed:
         return {"outcome": claimed.outcome.value, "reason": claimed.reason}
     token = claimed.fencing_token
@@ -210,7 +225,7 @@ def execute(
         return {"outcome": "DEAD", "reason": error, "unknown_task": True}
     policy = policy_for(target, claimed, default_max_attempts=settings.default_max_attempts)
     if claimed.attempts_in_run > policy.max_attempts:
-        return _exhausted(occurrence_id, token, claimed, policy.max_attempts, clock)
+        return _exhausted(occurrence_id, task, token, claimed, policy.max_attempts, clock)
     if not lease_still_held(claimed, lease, clock):
         return {"outcome": "LEASE_LOST", "reason": "the lease lapsed before the body started"}
     heartbeat = heartbeats.hold(
@@ -350,25 +365,40 @@ def lease_still_held(claimed: claim.ClaimResult, lease: timedelta, clock: Clock)
 
 
 def _exhausted(
-    occurrence_id: str, token: int, claimed: claim.ClaimResult, budget: int, clock: Clock
+    occurrence_id: str,
+    task: str,
+    token: int,
+    claimed: claim.ClaimResult,
+    budget: int,
+    clock: Clock,
 ) -> dict[str, Any]:
-    """Dead-letter, unrun, a run whose earlier attempts lost their lease (their workers died
-    or stalled) until this claim went past the task's budget (the reaper, which cannot
-    see the task's own, left it to the claim)."""
+    """Settle, unrun, a run whose earlier attempts lost their lease (their workers died or
+    stalled, or a completion write was lost) until this claim went past the task's budget
+    (the reaper, which cannot see the task's own, left it to the claim).
+
+    An ``@idempotent_task`` body that did its effect under this occurrence recorded it: the
+    run is done (SUCCEEDED with the stored result), as a re-run would have found. Otherwise
+    it is dead-lettered."""
+    done, stored = idempotency.recorded_effect(
+        occurrence_id, tenant_id=claimed.tenant_id, task_name=task
+    )
+    if done:
+        return {**_settle_success(occurrence_id, token, stored, claimed, clock), "value": stored}
     error = (
         f"attempts exhausted: all {budget} used, the last one's lease lost "
         f"(its worker died or stalled); not run again"
     )
-    if _finish(
+    ok = _finish(
         "failure",
         lambda: finish.fail(
             occurrence_id, token, error, clock=clock, scheduled_for=claimed.scheduled_for
         ),
         occurrence_id,
         clock,
-    ):
+    )
+    if ok:
         _ran(claimed, clock)
-    return {"outcome": "DEAD", "reason": error}
+    return {"outcome": "DEAD" if ok else "STALE_WRITE", "reason": error}
 
 
 def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:
@@ -404,17 +434,13 @@ class RunOccurrenceTask(presentation.OccurrenceTask):
                 worker_name=worker_name, body=lambda: _started(job, body, args, kwargs),
                 message={**job.request, **job.wrapper_kwargs},
             )  # fmt: skip
-        except errors.CoordinationUnavailable as exc:
+        except ClaimUnconfirmed as exc:
             # The body did not run. The claim may have committed with its reply lost: the
-            # copy re-sent carries the name it was made under, to take it back.
+            # copy re-sent carries the names it may have been made under, to take it back.
             retries = int(job.request.get("retries") or 0)
             countdown = min(60, 2 ** min(retries, 6))
             logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-            names = names_to_resend(
-                job.request, worker_name, now=time.time(),
-                lease_seconds=conf.get().occurrence_lease_seconds,
-            )  # fmt: skip
-            self._resend(job, countdown, retries + 1, claimed_as=names)
+            self._resend(job, countdown, retries + 1, claimed_as=exc.resend_as)
             raise Retry(exc=exc, when=countdown) from exc
         _log_outcome(occurrence_id, outcome)
         presentation.settled(outcome["outcome"])
@@ -504,17 +530,13 @@ def run_occurrence(
             self.app, occurrence_id, task, list(args or ()), dict(kwargs or {}),
             worker_name=worker_name, message=message,
         )  # fmt: skip
-    except errors.CoordinationUnavailable as exc:
+    except ClaimUnconfirmed as exc:
         # As in run_scheduled: the copy re-sent may take back a claim whose reply was lost.
         countdown = min(60, 2 ** min(self.request.retries, 6))
         logger.warning("claim of %s deferred %ss: %s", occurrence_id, countdown, exc)
-        names = names_to_resend(
-            message, worker_name, now=time.time(),
-            lease_seconds=conf.get().occurrence_lease_seconds,
-        )  # fmt: skip
         # Celery's own retry drops RabbitMQ's dead-letter headers: so does this one.
         kept = {k: v for k, v in (self.request.headers or {}).items() if k not in X_DEATH_HEADERS}
-        headers = {**kept, HEADER_CLAIMED_AS: names}
+        headers = {**kept, HEADER_CLAIMED_AS: exc.resend_as}
         raise self.retry(exc=exc, countdown=countdown, headers=headers) from exc
     _log_outcome(occurrence_id, outcome)
     outcome.pop("value", None)  # the wrapper's own result is its outcome dict

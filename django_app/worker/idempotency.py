@@ -43,6 +43,20 @@ def as_json(value: Any, task_name: str) -> Any:
         ) from exc
 
 
+def recorded_effect(
+    occurrence_id: str, *, tenant_id: int | None, task_name: str
+) -> tuple[bool, Any]:
+    """Whether the ``@idempotent_task`` ``task_name`` recorded its effect under
+    ``occurrence_id`` (whatever its key), and the result it stored. A rare read (a run past
+    its budget): the namespace's index narrows it to the task's records."""
+    rows = IdempotencyRecord.objects.filter(task_name=task_name, occurrence_id=occurrence_id)
+    rows = (
+        rows.filter(tenant__isnull=True) if tenant_id is None else rows.filter(tenant_id=tenant_id)
+    )
+    row = rows.order_by("created_at").values_list("result").first()
+    return (False, None) if row is None else (True, row[0])
+
+
 def run_once(
     key: str,
     *,

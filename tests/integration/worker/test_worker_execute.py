@@ -14,7 +14,7 @@ from celery_scheduler.core.clock import FrozenClock
 from celery_scheduler.core.enums import AttemptOutcome
 from celery_scheduler.core.enums import OccurrenceState as S
 from celery_scheduler.tasks import current_occurrence_id
-from django_app.models import Attempt, Occurrence, OutboxEntry
+from django_app.models import Attempt, IdempotencyRecord, Occurrence, OutboxEntry
 from django_app.tasks import execute
 from django_app.worker import claim, finish
 from tests.integration.worker_support import make_occurrence, make_schedule
@@ -290,3 +290,27 @@ def test_runs_whose_workers_die_get_every_attempt_the_task_allows(
     seen.clear()
     assert run(occ, frozen_clock)["outcome"] == "SUCCEEDED"
     assert seen == ["eight_tries ran"]
+
+
+@app.task(name="t.one_try", max_attempts=1)
+def one_try() -> None:
+    seen.append("one_try ran")
+
+
+def test_a_run_past_its_budget_whose_effect_was_recorded_is_done_not_dead(
+    tenant: Any, frozen_clock: FrozenClock
+) -> None:
+    """An @idempotent_task body did its effect and recorded it, then its completion write
+    was lost (the worker died): the claim past the budget settles the run with the stored
+    result, as a re-run would have found, instead of dead-lettering it."""
+    occ = make_occurrence(make_schedule(tenant, task="t.one_try"), frozen_clock.now())
+    lose_lease(occ, frozen_clock)
+    IdempotencyRecord.objects.create(
+        tenant=tenant, task_name="t.one_try", key="invoice:7", occurrence_id=occ.pk,
+        result={"invoice": 7},
+    )  # fmt: skip
+    seen.clear()
+    outcome = run(occ, frozen_clock)
+    assert (outcome["outcome"], outcome.get("value"), seen) == ("SUCCEEDED", {"invoice": 7}, [])
+    row = Occurrence.objects.get(pk=occ.pk)
+    assert (row.state, row.result) == (S.SUCCEEDED, {"invoice": 7})
