@@ -510,31 +510,8 @@ def _start(
         occurrence_id=occ.pk, scheduled_for=occ.scheduled_for, number=number,
         fencing_token=token, worker=worker, started_at=now,
     )  # fmt: skip
-    # A first attempt has no earlier FAILED one to count from: skip the read.
-    last_dead = None
-    if number > 1:
-        last_dead = Attempt.objects.filter(
-            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
-        ).aggregate(n=Max("number"))["n"]
-    deadline = None
-    if schedule.deadline_seconds:
-        deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)
-    return ClaimResult(
-        outcome=ClaimOutcome.CLAIMED,
-        occurrence_id=occ.pk,
-        fencing_token=token,
-        attempt_number=number,
-        attempts_in_run=number - (last_dead or 0),
-        slot=slot,
-        max_attempts=schedule.max_attempts,
-        deadline=deadline,
-        tenant_id=occ.tenant_id,
-        tenant=tenant,
-        started_at=now,
-        queued_seconds=None if queued is None else (now - queued).total_seconds(),
-        timezone=schedule.timezone,
-        scheduled_for=occ.scheduled_for,
-    )
+    queued_seconds = None if queued is None else (now - queued).total_seconds()
+    return _claimed(schedule, occ, token, number, slot, tenant, now, queued_seconds)
 
 
 def _take_back(
@@ -561,17 +538,32 @@ def _take_back(
     _transition(occ, S.RUNNING, lease_owner=worker, lease_expires_at=now + lease)
     attempt = Attempt.objects.filter(occurrence_id=occ.pk, fencing_token=token)
     by_key(attempt, occ.scheduled_for).update(worker=worker)
-    last_dead = None
-    if occ.attempt_count > 1:
-        last_dead = Attempt.objects.filter(
-            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
-        ).aggregate(n=Max("number"))["n"]
     observe.worker_event("claims_taken_back")
     logger.info(
         "occurrence %s: the claim whose reply was lost is taken back by %s",
         occ.pk, worker,
         extra={"event": "claim_taken_back", "occurrence_id": str(occ.pk)},
     )  # fmt: skip
+    return _claimed(schedule, occ, token, occ.attempt_count, slot, tenant, now, None)
+
+
+def _claimed(
+    schedule: Schedule,
+    occ: Occurrence,
+    token: int,
+    number: int,
+    slot: SlotLease | None,
+    tenant: str,
+    now: datetime,
+    queued_seconds: float | None,
+) -> ClaimResult:
+    """The result of a claim that holds ``occ`` under ``token`` as attempt ``number``."""
+    # A first attempt has no earlier FAILED one to count from: skip the read.
+    last_dead = None
+    if number > 1:
+        last_dead = Attempt.objects.filter(
+            occurrence_id=occ.pk, outcome=AttemptOutcome.FAILED
+        ).aggregate(n=Max("number"))["n"]
     deadline = None
     if schedule.deadline_seconds:
         deadline = occ.scheduled_for + timedelta(seconds=schedule.deadline_seconds)
@@ -579,14 +571,15 @@ def _take_back(
         outcome=ClaimOutcome.CLAIMED,
         occurrence_id=occ.pk,
         fencing_token=token,
-        attempt_number=occ.attempt_count,
-        attempts_in_run=occ.attempt_count - (last_dead or 0),
+        attempt_number=number,
+        attempts_in_run=number - (last_dead or 0),
         slot=slot,
         max_attempts=schedule.max_attempts,
         deadline=deadline,
         tenant_id=occ.tenant_id,
         tenant=tenant,
         started_at=now,
+        queued_seconds=queued_seconds,
         timezone=schedule.timezone,
         scheduled_for=occ.scheduled_for,
     )
