@@ -213,15 +213,7 @@ def execute(
     target = app.tasks.get(task)
     if target is None:
         error = f"UnknownTask: no task {task!r} is registered in this worker"
-        if _finish(
-            "failure",
-            lambda: finish.fail(
-                occurrence_id, token, error, clock=clock, scheduled_for=claimed.scheduled_for
-            ),
-            occurrence_id,
-            clock,
-        ):
-            _ran(claimed, clock)
+        _dead_letter_unrun(occurrence_id, token, error, claimed, clock)
         return {"outcome": "DEAD", "reason": error, "unknown_task": True}
     policy = policy_for(target, claimed, default_max_attempts=settings.default_max_attempts)
     if claimed.attempts_in_run > policy.max_attempts:
@@ -388,6 +380,15 @@ def _exhausted(
         f"attempts exhausted: all {budget} used, the last one's lease lost "
         f"(its worker died or stalled); not run again"
     )
+    ok = _dead_letter_unrun(occurrence_id, token, error, claimed, clock)
+    return {"outcome": "DEAD" if ok else "STALE_WRITE", "reason": error}
+
+
+def _dead_letter_unrun(
+    occurrence_id: str, token: int, error: str, claimed: claim.ClaimResult, clock: Clock
+) -> bool:
+    """Dead-letter the claimed run without running its body; False if the write did not
+    land (a stale token, or the database gone for every try)."""
     ok = _finish(
         "failure",
         lambda: finish.fail(
@@ -398,7 +399,7 @@ def _exhausted(
     )
     if ok:
         _ran(claimed, clock)
-    return {"outcome": "DEAD" if ok else "STALE_WRITE", "reason": error}
+    return ok
 
 
 def _ran(claimed: claim.ClaimResult, clock: Clock) -> None:
